@@ -1,0 +1,1 @@
+"""acme-jax-dqn: a DQN-family component kit for JAX in the style of Acme."""

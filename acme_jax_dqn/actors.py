@@ -1,0 +1,194 @@
+"""Acting: a pure epsilon-greedy policy, epsilon schedules, and Acme's `Actor` and `VariableClient`."""
+
+import dataclasses
+import random
+from typing import Callable, Optional
+
+import chex
+import dm_env
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from acme_jax_dqn.networks import Networks
+from acme_jax_dqn.types import Params
+
+PolicyFn = Callable[[Params, chex.PRNGKey, chex.Array, chex.Numeric], chex.Array]
+GreedyFn = Callable[[Params, chex.Array], chex.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearSchedule:
+  """Linear decay from `start` to `end` over `decay_steps` steps, then flat.
+
+  Callable on Python numbers (cheap, for actors on the host) and on JAX
+  values (inside jit), with the same result.
+  """
+  start: float
+  end: float
+  decay_steps: int
+
+  def __call__(self, step):
+    if self.decay_steps <= 0:
+      return self.end if isinstance(step, (int, float, np.integer)) else jnp.full_like(
+          jnp.asarray(step, jnp.float32), self.end)
+    fraction = step / self.decay_steps
+    if isinstance(step, (int, float, np.integer, np.floating)):
+      fraction = min(max(float(fraction), 0.0), 1.0)
+    else:
+      fraction = jnp.clip(fraction, 0.0, 1.0)
+    return self.start + (self.end - self.start) * fraction
+
+
+def make_epsilon_schedule(start: float, end: float, decay_steps: int) -> LinearSchedule:
+  """Epsilon decays linearly from `start` to `end` over `decay_steps` env steps."""
+  return LinearSchedule(start, end, decay_steps)
+
+
+def apex_epsilons(num: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
+  """Per-actor epsilons of Ape-X (Horgan et al. 2018): base ** (1 + alpha * i / (num - 1))."""
+  if num == 1:
+    return np.array([base], np.float32)
+  i = np.arange(num, dtype=np.float64)
+  return (base ** (1.0 + alpha * i / (num - 1))).astype(np.float32)
+
+
+def make_epsilon_greedy_policy(networks: Networks) -> PolicyFn:
+  """Returns `policy(params, key, observation [B, ...], epsilon) -> actions [B]`.
+
+  `epsilon` is a scalar or one value per row ([B], e.g. Ape-X epsilons).
+  """
+
+  def policy(params, key, observation, epsilon):
+    q_values = networks.apply(params, observation).q_values  # [B, A]
+    batch_size, num_actions = q_values.shape
+    explore_key, action_key = jax.random.split(key)
+    explore = jax.random.uniform(explore_key, (batch_size,)) < epsilon
+    random_actions = jax.random.randint(action_key, (batch_size,), 0, num_actions)
+    greedy_actions = jnp.argmax(q_values, axis=-1)
+    return jnp.where(explore, random_actions, greedy_actions).astype(jnp.int32)
+
+  return policy
+
+
+def make_greedy_policy(networks: Networks) -> GreedyFn:
+  """Returns `greedy(params, observation [B, ...]) -> argmax_a Q [B]`."""
+
+  def greedy(params, observation):
+    return jnp.argmax(networks.apply(params, observation).q_values, axis=-1).astype(jnp.int32)
+
+  return greedy
+
+
+class VariableClient:
+  """Acme's VariableClient: pulls parameters from a VariableSource every `update_period` calls."""
+
+  def __init__(self, source, key: str = "policy", update_period: int = 1):
+    self._source = source
+    self._key = key
+    self._update_period = max(1, int(update_period))
+    self._calls = 0
+    self._params = None
+
+  def update(self, wait: bool = False) -> None:
+    self._calls += 1
+    if wait or self._params is None or self._calls >= self._update_period:
+      self.update_and_wait()
+
+  def update_and_wait(self) -> None:
+    self._params = self._source.get_variables([self._key])[0]
+    self._calls = 0
+
+  @property
+  def params(self) -> Params:
+    if self._params is None:
+      self.update_and_wait()
+    return self._params
+
+
+def _batch_timestep(timestep: dm_env.TimeStep) -> dm_env.TimeStep:
+  """Adds a leading env axis of size 1 to an unbatched timestep."""
+  return dm_env.TimeStep(
+      step_type=np.asarray([timestep.step_type]),
+      reward=np.asarray([0.0 if timestep.reward is None else timestep.reward], np.float32),
+      discount=np.asarray([1.0 if timestep.discount is None else timestep.discount], np.float32),
+      observation=np.asarray(timestep.observation)[None])
+
+
+class Actor:
+  """Acme-style actor: epsilon-greedy acting, optional adder, parameters from a client.
+
+  Works on one dm_env environment (`num_envs=None`: unbatched observations
+  and scalar actions) or on `num_envs` batched copies (arrays with a leading
+  env axis). Epsilon follows `epsilon_fn(actor env steps)` and may be one
+  value per copy (Ape-X). The explore-or-not coin and random actions are
+  drawn on the host (numpy, seeded from `key`), and the jitted greedy
+  network call is skipped when every copy explores: on the CPU one jitted
+  call costs more than a CartPole step, so this is most of an actor's time
+  early in training. The action distribution is that of
+  `make_epsilon_greedy_policy`.
+  """
+
+  def __init__(self, greedy: GreedyFn, epsilon_fn: Callable[[int], float],
+               variable_client: VariableClient, key: chex.PRNGKey,
+               num_actions: int, adder=None, num_envs: Optional[int] = None):
+    self._client = variable_client
+    self._adder = adder
+    self._batched = num_envs is not None
+    self._num_envs = num_envs or 1
+    self._num_actions = num_actions
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+      key = jax.random.key_data(key)
+    seed = [int(x) for x in np.asarray(key).ravel()]
+    self._rng = np.random.default_rng(seed)
+    self._py_rng = random.Random(sum(x << (32 * i) for i, x in enumerate(seed)))
+    self._greedy = jax.jit(greedy)
+    self._epsilon_fn = epsilon_fn
+    self.num_steps = 0  # Env steps taken by this actor (all copies counted).
+
+  def select_action(self, observation) -> np.ndarray:
+    if not self._batched:
+      return self._select_one(observation)
+    n = self._num_envs
+    explore = self._rng.random(n) < self._epsilon_fn(self.num_steps)
+    if explore.all():
+      actions = self._rng.integers(self._num_actions, size=n, dtype=np.int32)
+    else:
+      actions = np.asarray(self._greedy(self._client.params, observation))
+      if explore.any():
+        actions = np.where(explore, self._rng.integers(self._num_actions, size=n,
+                                                       dtype=np.int32), actions)
+    self.num_steps += n
+    return actions
+
+  def _select_one(self, observation) -> int:
+    """The unbatched path, in plain Python: a numpy call costs more than this whole step."""
+    epsilon = self._epsilon_fn(self.num_steps)
+    self.num_steps += 1
+    if self._py_rng.random() < epsilon:
+      return self._py_rng.randrange(self._num_actions)
+    return int(np.asarray(self._greedy(self._client.params, observation[None]))[0])
+
+  def observe_first(self, timestep: dm_env.TimeStep) -> None:
+    if self._adder is not None:
+      self._adder.add_first(timestep if self._batched else _batch_timestep(timestep))
+
+  def observe(self, action, next_timestep: dm_env.TimeStep) -> None:
+    if self._adder is not None:
+      if self._batched:
+        self._adder.add(action, next_timestep)
+      else:
+        self._adder.add(np.asarray([action]), _batch_timestep(next_timestep))
+
+  def update(self, wait: bool = False) -> None:
+    self._client.update(wait)
+
+  @property
+  def epsilon(self) -> float:
+    return float(np.mean(self._epsilon_fn(self.num_steps)))
+
+  def warmup(self, observation) -> None:
+    """Compiles the jitted greedy call (the RNG and counters are unchanged)."""
+    if not self._batched:
+      observation = np.asarray(observation)[None]
+    jax.block_until_ready(self._greedy(self._client.params, observation))

@@ -1,0 +1,52 @@
+"""Environments addressed by name (`prefix:id`) and made as dm_env environments."""
+
+from typing import Optional
+
+import dm_env
+import gymnasium as gym
+
+from acme_jax_dqn.envs.batched import BatchedEnvironment
+from acme_jax_dqn.envs.gymnasium_adapter import GymnasiumEnvironment
+
+KNOWN_PREFIXES = ("gymnasium",)
+EXAMPLES = "gymnasium:CartPole-v1, gymnasium:Acrobot-v1, gymnasium:MountainCar-v0"
+
+
+def split_name(name: str):
+  """'gymnasium:CartPole-v1' -> ('gymnasium', 'CartPole-v1'), with a clear error."""
+  prefix, sep, env_id = name.partition(":")
+  if not sep or not env_id or prefix not in KNOWN_PREFIXES:
+    raise ValueError(
+        f"Unknown environment {name!r}: --env takes PREFIX:ID with PREFIX one of "
+        f"{', '.join(KNOWN_PREFIXES)} (e.g. {EXAMPLES}).")
+  return prefix, env_id
+
+
+def _check_gymnasium_id(env_id: str) -> None:
+  if env_id not in gym.registry:
+    close = [k for k in gym.registry if env_id.split("-")[0].lower() in k.lower()][:5]
+    hint = f" Did you mean one of {close}?" if close else ""
+    raise ValueError(f"gymnasium has no environment {env_id!r}.{hint} "
+                     f"Known examples: {EXAMPLES}.")
+
+
+def make_environment(name: str, seed: Optional[int] = None,
+                     num_envs: Optional[int] = None) -> dm_env.Environment:
+  """Makes the environment `name` as dm_env.
+
+  Args:
+    name: `prefix:id`, e.g. `gymnasium:CartPole-v1`.
+    seed: seeds the environment's first reset.
+    num_envs: None for one unbatched environment, or a number of copies
+      stepped together (timesteps with a leading env axis).
+  """
+  _, env_id = split_name(name)
+  _check_gymnasium_id(env_id)
+
+  def make_one(index: int) -> dm_env.Environment:
+    copy_seed = None if seed is None else seed + index
+    return GymnasiumEnvironment(gym.make(env_id, disable_env_checker=True), copy_seed)
+
+  if num_envs is None:
+    return make_one(0)
+  return BatchedEnvironment(make_one, num_envs)

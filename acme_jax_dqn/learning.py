@@ -1,0 +1,222 @@
+"""Learning: the optimiser, a pure `sgd_step`, target updates, and Acme's `Learner` shell."""
+
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from acme_jax_dqn import replay as replay_lib
+from acme_jax_dqn import utils
+from acme_jax_dqn.networks import Networks
+from acme_jax_dqn.types import Params, TrainingState
+
+Metrics = Dict[str, chex.Array]
+SGDStepFn = Callable[[TrainingState, replay_lib.ReplaySample],
+                     Tuple[TrainingState, Metrics]]
+LearnerStepFn = Callable[[TrainingState, replay_lib.BufferState],
+                         Tuple[TrainingState, replay_lib.BufferState, Metrics]]
+
+LR_SCHEDULES = ("constant", "linear", "cosine")
+
+
+def make_learning_rate(learning_rate: float, schedule: str = "constant",
+                       decay_steps: int = 0, end_value: float = 0.0):
+  """A float or an optax schedule over learner steps."""
+  if schedule == "constant" or decay_steps <= 0:
+    return learning_rate
+  if schedule == "linear":
+    return optax.linear_schedule(learning_rate, end_value, decay_steps)
+  if schedule == "cosine":
+    alpha = end_value / learning_rate if learning_rate else 0.0
+    return optax.cosine_decay_schedule(learning_rate, decay_steps, alpha=alpha)
+  raise ValueError(f"Unknown learning-rate schedule {schedule!r}; "
+                   f"choose one of {LR_SCHEDULES}.")
+
+
+def make_optimizer(learning_rate, max_grad_norm: float = 10.0,
+                   adam_eps: float = 1e-8,
+                   gradient_accumulation_steps: int = 1) -> optax.GradientTransformation:
+  """Global-norm clipping (0 turns it off) then Adam, optionally accumulated over k steps."""
+  parts = []
+  if max_grad_norm > 0:
+    parts.append(optax.clip_by_global_norm(max_grad_norm))
+  parts.append(optax.adam(learning_rate, eps=adam_eps))
+  optimizer = optax.chain(*parts)
+  if gradient_accumulation_steps > 1:
+    optimizer = optax.MultiSteps(optimizer, every_k_schedule=gradient_accumulation_steps)
+  return optimizer
+
+
+def update_target(online_params: Params, target_params: Params, steps: chex.Array,
+                  period: int, tau: float) -> Params:
+  """Every `period` learner steps, target <- tau * online + (1 - tau) * target.
+
+  tau = 1 is the hard copy of Mnih et al. 2015; tau < 1 with period 1 is
+  Polyak averaging (Lillicrap et al. 2016).
+  """
+  if tau >= 1.0:
+    new_target = online_params  # Exact copy, no arithmetic on the target.
+  else:
+    new_target = optax.incremental_update(online_params, target_params, tau)
+  update_now = steps % period == 0
+  return jax.tree.map(lambda new, old: jnp.where(update_now, new, old),
+                      new_target, target_params)
+
+
+def init_training_state(networks: Networks, optimizer: optax.GradientTransformation,
+                        key: chex.PRNGKey) -> TrainingState:
+  """Online params from `key`; the target starts as an exact copy."""
+  key, init_key = jax.random.split(key)
+  online_params = networks.init(init_key)
+  return TrainingState(
+      online_params=online_params,
+      target_params=jax.tree.map(jnp.copy, online_params),
+      opt_state=optimizer.init(online_params),
+      steps=jnp.zeros((), jnp.int32),
+      key=key)
+
+
+def make_sgd_step(networks: Networks, loss_fn, optimizer: optax.GradientTransformation,
+                  target_update_period: int, target_update_tau: float) -> SGDStepFn:
+  """Returns the pure `sgd_step(state, batch) -> (state, metrics)`.
+
+  `batch` is a `ReplaySample` (transitions and importance weights). The
+  metrics hold scalars plus `priorities` [B], the new replay priorities.
+  """
+
+  def sgd_step(state: TrainingState, batch: replay_lib.ReplaySample):
+    def loss(online_params):
+      return loss_fn(networks.apply, online_params, state.target_params,
+                     batch.transitions, batch.weights, batch.mask)
+
+    (loss_value, extras), grads = jax.value_and_grad(loss, has_aux=True)(
+        state.online_params)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.online_params)
+    online_params = optax.apply_updates(state.online_params, updates)
+    steps = state.steps + 1
+    target_params = update_target(online_params, state.target_params, steps,
+                                  target_update_period, target_update_tau)
+    metrics = {"loss": loss_value, "grad_norm": optax.global_norm(grads),
+               **extras.metrics, "priorities": extras.priorities}
+    new_state = TrainingState(online_params, target_params, opt_state, steps, state.key)
+    return new_state, metrics
+
+  return sgd_step
+
+
+def make_learner_step(sgd_step: SGDStepFn, replay: replay_lib.Replay,
+                      num_sgd_steps: int = 1,
+                      importance_sampling_exponent: Callable = lambda steps: 0.4,
+                      priority_epsilon: float = 1e-6) -> LearnerStepFn:
+  """Returns the pure `learner_step(state, buffer_state) -> (state, buffer_state, metrics)`.
+
+  Each of the `num_sgd_steps` steps samples a batch, takes an SGD step and
+  writes new priorities back; metrics are averaged over the steps.
+  """
+
+  def one_step(carry, _):
+    state, buffer_state = carry
+    key, sample_key = jax.random.split(state.key)
+    sample = replay.sample(buffer_state, sample_key,
+                           importance_sampling_exponent(state.steps))
+    state, metrics = sgd_step(state._replace(key=key), sample)
+    priorities = metrics.pop("priorities")
+    # Empty slots drawn by rounding keep priority 0, so they stay unsampleable.
+    priorities = jnp.where(sample.mask > 0, priorities + priority_epsilon, 0.0)
+    buffer_state = replay.set_priorities(buffer_state, sample.indices, priorities)
+    metrics["importance_weight_mean"] = jnp.mean(sample.weights)
+    return (state, buffer_state), metrics
+
+  def learner_step(state, buffer_state):
+    if num_sgd_steps == 1:
+      (state, buffer_state), metrics = one_step((state, buffer_state), None)
+      return state, buffer_state, metrics
+    (state, buffer_state), metrics = jax.lax.scan(
+        one_step, (state, buffer_state), None, length=num_sgd_steps)
+    return state, buffer_state, jax.tree.map(jnp.mean, metrics)
+
+  return learner_step
+
+
+class Learner:
+  """Acme-style learner: holds the TrainingState and steps it on a replay buffer.
+
+  `step()` is one jitted call: write the replay's oldest complete chunk,
+  then `learner_step` (sample, SGD, new priorities). The state crosses the
+  jit boundary packed into one array per dtype (see `utils.TreePacker`).
+  The learner is also the `VariableSource` actors read parameters from.
+  """
+
+  def __init__(self, learner_step: LearnerStepFn, replay_buffer: replay_lib.ReplayBuffer,
+               initial_state: TrainingState):
+    self._replay_buffer = replay_buffer
+    replay = replay_buffer.replay
+    packer = utils.TreePacker(initial_state)
+    self._packer = packer
+    self._packed = packer.pack(initial_state)
+    self._metric_names: Tuple[str, ...] = ()
+    self._metrics = None
+    self._state_cache: Optional[TrainingState] = initial_state
+    self._online_cache: Optional[Params] = initial_state.online_params
+
+    def packed_step(packed, buffer_state):
+      state, buffer_state, metrics = learner_step(packer.unpack(packed), buffer_state)
+      self._metric_names, metrics = utils.pack_metrics(metrics)  # Names fixed at trace time.
+      return packer.pack(state), buffer_state, metrics
+
+    def packed_add_and_step(packed, buffer_state, chunk):
+      return packed_step(packed, replay.add(buffer_state, chunk))
+
+    # Packed state and buffer state are donated: only this object holds them.
+    self._step_fn = jax.jit(packed_step, donate_argnums=(0, 1))
+    self._add_and_step_fn = jax.jit(packed_add_and_step, donate_argnums=(0, 1))
+    self._unpack_fn = jax.jit(packer.unpack)
+    self._unpack_online_fn = jax.jit(lambda packed: packer.unpack(packed).online_params)
+
+  def step(self) -> None:
+    buffer = self._replay_buffer
+    buffer.write_pending(keep=1)
+    if buffer.pending_chunks:
+      self._packed, buffer.state, self._metrics = self._add_and_step_fn(
+          self._packed, buffer.state, buffer.pop_chunk())
+    else:
+      self._packed, buffer.state, self._metrics = self._step_fn(self._packed, buffer.state)
+    self._state_cache = self._online_cache = None
+
+  def warmup(self, with_plain_step: bool = True) -> None:
+    """Compiles the jitted calls on copies of the state (nothing changes)."""
+    copy = lambda tree: jax.tree.map(jnp.copy, tree)
+    buffer = self._replay_buffer
+    jax.block_until_ready(self._add_and_step_fn(
+        copy(self._packed), copy(buffer.state), buffer.example_chunk()))
+    if with_plain_step:
+      jax.block_until_ready(self._step_fn(copy(self._packed), copy(buffer.state)))
+    jax.block_until_ready(self._unpack_online_fn(self._packed))
+
+  def get_variables(self, names: Sequence[str] = ("policy",)) -> List[Params]:
+    """Acme's VariableSource: every name is served the online parameters."""
+    if self._online_cache is None:
+      self._online_cache = self._unpack_online_fn(self._packed)
+    return [self._online_cache for _ in names]
+
+  def save(self) -> TrainingState:
+    return self.state
+
+  def restore(self, state: TrainingState) -> None:
+    self._packed = self._packer.pack(state)
+    self._state_cache, self._online_cache = state, state.online_params
+
+  @property
+  def state(self) -> TrainingState:
+    if self._state_cache is None:
+      self._state_cache = self._unpack_fn(self._packed)
+    return self._state_cache
+
+  def metrics(self) -> Dict[str, float]:
+    """The last step's scalar metrics on the host (empty before the first step)."""
+    if self._metrics is None:
+      return {}
+    return dict(zip(self._metric_names, np.asarray(self._metrics).tolist()))

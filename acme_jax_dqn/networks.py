@@ -1,0 +1,200 @@
+"""Haiku Q-networks: MLP and Nature-DQN conv torsos; Q, dueling, C51 and dueling-C51 heads."""
+
+from typing import Callable, NamedTuple, Optional, Sequence
+
+import chex
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from acme_jax_dqn import specs as specs_lib
+from acme_jax_dqn.types import Params
+
+TORSOS = ("auto", "mlp", "nature_conv")
+
+
+class NetworkOutput(NamedTuple):
+  """What every head returns: Q-values, plus logits and atoms for C51."""
+  q_values: chex.Array  # [B, A]
+  logits: Optional[chex.Array] = None  # [B, A, N] for distributional heads.
+  atoms: Optional[chex.Array] = None  # [N] support of the return distribution.
+
+
+class Networks(NamedTuple):
+  """A pure Q-network: `init(key) -> params`, `apply(params, obs[B, ...]) -> NetworkOutput`."""
+  init: Callable[[chex.PRNGKey], Params]
+  apply: Callable[[Params, chex.Array], NetworkOutput]
+  num_actions: int
+  distributional: bool
+
+
+class MLPTorso(hk.Module):
+  """Flattens a vector observation and applies an MLP with ReLUs."""
+
+  def __init__(self, hidden_sizes: Sequence[int], name: str = "mlp_torso"):
+    super().__init__(name=name)
+    self._hidden_sizes = tuple(hidden_sizes)
+
+  def __call__(self, observation: chex.Array) -> chex.Array:
+    x = hk.Flatten()(observation.astype(jnp.float32))
+    return hk.nets.MLP(self._hidden_sizes, activate_final=True)(x)
+
+
+class NatureConvTorso(hk.Module):
+  """The conv torso of Mnih et al. 2015 (Nature DQN), then an MLP (512 in the paper)."""
+
+  def __init__(self, hidden_sizes: Sequence[int], name: str = "nature_conv_torso"):
+    super().__init__(name=name)
+    self._hidden_sizes = tuple(hidden_sizes)
+
+  def __call__(self, observation: chex.Array) -> chex.Array:
+    x = observation.astype(jnp.float32)
+    if observation.dtype == jnp.uint8:
+      x = x / 255.0  # Pixels arrive as uint8; scale once here, not in replay.
+    x = jax.nn.relu(hk.Conv2D(32, kernel_shape=8, stride=4, padding="VALID")(x))
+    x = jax.nn.relu(hk.Conv2D(64, kernel_shape=4, stride=2, padding="VALID")(x))
+    x = jax.nn.relu(hk.Conv2D(64, kernel_shape=3, stride=1, padding="VALID")(x))
+    x = hk.Flatten()(x)
+    return hk.nets.MLP(self._hidden_sizes, activate_final=True)(x)
+
+
+class QHead(hk.Module):
+  """A linear layer to one Q-value per action."""
+
+  def __init__(self, num_actions: int, name: str = "q_head"):
+    super().__init__(name=name)
+    self._num_actions = num_actions
+
+  def __call__(self, features: chex.Array) -> NetworkOutput:
+    return NetworkOutput(q_values=hk.Linear(self._num_actions)(features))
+
+
+class DuelingHead(hk.Module):
+  """Q = V + A - mean_a A (Wang et al. 2016, "Dueling Network Architectures")."""
+
+  def __init__(self, num_actions: int, name: str = "dueling_head"):
+    super().__init__(name=name)
+    self._num_actions = num_actions
+
+  def __call__(self, features: chex.Array) -> NetworkOutput:
+    value = hk.Linear(1, name="value")(features)  # [B, 1]
+    advantages = hk.Linear(self._num_actions, name="advantages")(features)  # [B, A]
+    advantages -= jnp.mean(advantages, axis=-1, keepdims=True)
+    return NetworkOutput(q_values=value + advantages)
+
+
+class CategoricalHead(hk.Module):
+  """C51 logits over `num_atoms` atoms in [v_min, v_max] (Bellemare et al. 2017).
+
+  With `dueling=True` the value and advantage streams are combined per atom,
+  logits = V + A - mean_a A, as in Rainbow (Hessel et al. 2018).
+  """
+
+  def __init__(self, num_actions: int, num_atoms: int, v_min: float,
+               v_max: float, dueling: bool = False, name: str = "c51_head"):
+    super().__init__(name=name)
+    self._num_actions = num_actions
+    self._num_atoms = num_atoms
+    self._v_min = v_min
+    self._v_max = v_max
+    self._dueling = dueling
+
+  def __call__(self, features: chex.Array) -> NetworkOutput:
+    num_actions, num_atoms = self._num_actions, self._num_atoms
+    batch_size = features.shape[0]
+    advantages = hk.Linear(num_actions * num_atoms, name="advantages")(features)
+    logits = advantages.reshape(batch_size, num_actions, num_atoms)  # [B, A, N]
+    if self._dueling:
+      value = hk.Linear(num_atoms, name="value")(features)[:, None, :]  # [B, 1, N]
+      logits = value + logits - jnp.mean(logits, axis=1, keepdims=True)
+    atoms = jnp.linspace(self._v_min, self._v_max, num_atoms)  # [N]
+    q_values = jnp.sum(jax.nn.softmax(logits, axis=-1) * atoms, axis=-1)  # [B, A]
+    return NetworkOutput(q_values=q_values, logits=logits, atoms=atoms)
+
+
+def choose_torso(observation_shape: Sequence[int], torso: str) -> str:
+  """Resolves `torso` ("auto", "mlp" or "nature_conv") for an observation shape."""
+  rank = len(observation_shape)
+  if torso not in TORSOS:
+    raise ValueError(f"Unknown torso {torso!r}; --torso must be one of {TORSOS}.")
+  if torso == "auto":
+    if rank == 1:
+      return "mlp"
+    if rank == 3:
+      return "nature_conv"
+    raise ValueError(
+        f"Observations of shape {tuple(observation_shape)} (rank {rank}) fit "
+        "neither torso: the MLP takes vectors [D] and the conv torso images "
+        "[H, W, C]. Wrap the environment to give one of those shapes.")
+  if torso == "mlp" and rank != 1:
+    raise ValueError(
+        f"--torso=mlp takes vector observations [D], but this environment's "
+        f"observations have shape {tuple(observation_shape)}. Use "
+        "--torso=nature_conv (or --torso=auto) for image observations.")
+  if torso == "nature_conv":
+    if rank != 3:
+      raise ValueError(
+          f"--torso=nature_conv takes image observations [H, W, C], but this "
+          f"environment's observations have shape {tuple(observation_shape)}. "
+          "Use --torso=mlp (or --torso=auto).")
+    height, width = observation_shape[:2]
+    if min(height, width) < 36:
+      raise ValueError(
+          f"--torso=nature_conv needs images of at least 36x36 pixels; these "
+          f"are {height}x{width}. Resize them (84x84 as in Nature DQN).")
+  return torso
+
+
+def make_networks(
+    spec: specs_lib.EnvironmentSpec,
+    *,
+    hidden_sizes: Sequence[int] = (512,),
+    dueling: bool = False,
+    distributional: bool = False,
+    num_atoms: int = 51,
+    v_min: float = -10.0,
+    v_max: float = 10.0,
+    torso: str = "auto",
+    env_name: str = "",
+) -> Networks:
+  """Builds the Q-network for an environment spec.
+
+  Args:
+    spec: the environment's spec; its actions must be discrete.
+    hidden_sizes: MLP layer sizes (after the convolutions for the conv torso).
+    dueling: use a dueling head (value and advantage streams).
+    distributional: use a C51 head with `num_atoms` atoms in [v_min, v_max].
+    num_atoms: number of atoms of the C51 support.
+    v_min: lowest atom.
+    v_max: highest atom.
+    torso: "auto" (MLP for vectors, Nature conv for images), "mlp" or
+      "nature_conv".
+    env_name: used in error messages only.
+
+  Returns:
+    Pure `Networks` whose `init` binds a dummy observation internally.
+  """
+  num_actions = specs_lib.check_discrete_actions(spec, env_name)
+  observation_shape = tuple(spec.observations.shape)
+  torso_name = choose_torso(observation_shape, torso)
+  torso_cls = MLPTorso if torso_name == "mlp" else NatureConvTorso
+
+  def forward(observation: chex.Array) -> NetworkOutput:
+    features = torso_cls(hidden_sizes)(observation)
+    if distributional:
+      return CategoricalHead(num_actions, num_atoms, v_min, v_max,
+                             dueling=dueling)(features)
+    if dueling:
+      return DuelingHead(num_actions)(features)
+    return QHead(num_actions)(features)
+
+  transformed = hk.without_apply_rng(hk.transform(forward))
+  dummy_observation = np.zeros((1, *observation_shape),
+                               dtype=spec.observations.dtype)
+
+  def init(key: chex.PRNGKey) -> Params:
+    return transformed.init(key, dummy_observation)
+
+  return Networks(init=init, apply=transformed.apply, num_actions=num_actions,
+                  distributional=distributional)

@@ -1,0 +1,185 @@
+"""Replay on flashbax: uniform or prioritized item buffers, plus a host-side inserter.
+
+The pure part (`Replay`) is usable under jit, so the local learner, the
+compiled (anakin) trainer and a distributed replay node share it. The
+stateful `ReplayBuffer` holds the buffer state for a Python loop and moves
+transitions to the device in fixed-size chunks, so the jitted add compiles once.
+"""
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import chex
+import flashbax as fbx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from acme_jax_dqn.types import Transition
+
+BufferState = Any  # A flashbax buffer state pytree.
+
+
+class ReplaySample(NamedTuple):
+  transitions: Transition  # Leaves [B, ...].
+  indices: chex.Array  # [B] buffer indices, for new priorities.
+  weights: chex.Array  # [B] importance-sampling weights (ones when uniform).
+  mask: chex.Array  # [B] 1 for real items; 0 for a rare draw of an empty slot.
+
+
+@dataclasses.dataclass(frozen=True)
+class Replay:
+  """Pure replay functions around one flashbax buffer.
+
+  Attributes:
+    init: example (unbatched) transition -> empty buffer state.
+    add: (state, transitions [T, ...]) -> state.
+    sample: (state, key, importance_sampling_exponent) -> ReplaySample.
+    set_priorities: (state, indices [B], priorities [B]) -> state; a no-op
+      for uniform replay.
+    size: state -> number of items held (int32 scalar).
+    capacity: most items held; the oldest are overwritten first.
+    prioritized: whether sampling follows priorities.
+  """
+  init: Callable[[Transition], BufferState]
+  add: Callable[[BufferState, Transition], BufferState]
+  sample: Callable[[BufferState, chex.PRNGKey, chex.Numeric], ReplaySample]
+  set_priorities: Callable[[BufferState, chex.Array, chex.Array], BufferState]
+  size: Callable[[BufferState], chex.Array]
+  capacity: int
+  prioritized: bool
+
+
+def _buffer_size(state: BufferState, capacity: int) -> chex.Array:
+  return jnp.where(state.is_full, capacity, state.current_index).astype(jnp.int32)
+
+
+def importance_weights(probabilities: chex.Array, size: chex.Array,
+                       exponent: chex.Numeric) -> chex.Array:
+  """w_i = (N * P(i)) ** -exponent, normalised by the batch maximum (Schaul et al. 2016).
+
+  An item drawn with probability 0 (the sum tree's float rounding can land
+  on an empty slot) gets weight 0 instead of infinity.
+  """
+  drawn = probabilities > 0
+  safe = jnp.where(drawn, probabilities, 1.0)
+  weights = jnp.where(drawn, (size.astype(jnp.float32) * safe) ** (-exponent), 0.0)
+  return weights / jnp.maximum(jnp.max(weights), 1e-12)
+
+
+def _flashbax_device() -> str:
+  backend = jax.default_backend()
+  return backend if backend in ("gpu", "tpu") else "cpu"
+
+
+def make_replay(capacity: int, batch_size: int, prioritized: bool = False,
+                priority_exponent: float = 0.6) -> Replay:
+  """Makes uniform or prioritized replay of `capacity` items sampled `batch_size` at a time."""
+  if prioritized:
+    buffer = fbx.make_prioritised_item_buffer(
+        max_length=capacity, min_length=1, sample_batch_size=batch_size,
+        add_sequences=True, add_batches=False,
+        priority_exponent=priority_exponent, device=_flashbax_device())
+
+    def sample(state, key, exponent):
+      drawn = buffer.sample(state, key)
+      weights = importance_weights(drawn.probabilities,
+                                   _buffer_size(state, capacity), exponent)
+      mask = (drawn.probabilities > 0).astype(jnp.float32)
+      return ReplaySample(drawn.experience, drawn.indices, weights, mask)
+
+    set_priorities = buffer.set_priorities
+  else:
+    buffer = fbx.make_item_buffer(
+        max_length=capacity, min_length=1, sample_batch_size=batch_size,
+        add_sequences=True, add_batches=False)
+
+    def sample(state, key, exponent):
+      del exponent
+      drawn = buffer.sample(state, key)
+      ones = jnp.ones((batch_size,), jnp.float32)
+      return ReplaySample(drawn.experience, jnp.zeros((batch_size,), jnp.int32), ones, ones)
+
+    def set_priorities(state, indices, priorities):
+      del indices, priorities
+      return state
+
+  return Replay(init=buffer.init, add=buffer.add, sample=sample,
+                set_priorities=set_priorities,
+                size=lambda state: _buffer_size(state, capacity),
+                capacity=capacity, prioritized=prioritized)
+
+
+class ReplayBuffer:
+  """Holds a replay's state for a Python loop; inserts arrive from adders on the host.
+
+  Transitions are staged in numpy and enter the flashbax buffer in chunks
+  of `insert_chunk` items, so every jitted add has one shape and compiles
+  once. A complete chunk counts as inserted; the learner writes it in the
+  same jitted call as its next SGD step (`pop_chunk`), and before learning
+  starts `write_pending` writes chunks on their own. Items of an incomplete
+  chunk are neither counted nor sampleable (at most `insert_chunk - 1`).
+  """
+
+  def __init__(self, replay: Replay, example: Transition, insert_chunk: int):
+    if insert_chunk < 1:
+      raise ValueError(f"insert_chunk must be at least 1, got {insert_chunk}.")
+    self.replay = replay
+    self.state = replay.init(jax.tree.map(jnp.asarray, example))
+    self.insert_chunk = insert_chunk
+    self._staging = jax.tree.map(
+        lambda x: np.zeros((2 * insert_chunk + 64, *np.shape(x)),
+                           np.asarray(x).dtype), example)
+    self._staged = 0
+    self.num_written = 0  # Items written into the flashbax buffer.
+    self._add = jax.jit(replay.add, donate_argnums=0)
+
+  def insert(self, transitions: Transition) -> None:
+    """Stages a batch of transitions (numpy leaves [T, ...])."""
+    count = len(transitions.action)
+    if self._staged + count > len(self._staging.action):
+      grown = 2 * (self._staged + count)
+      self._staging = jax.tree.map(
+          lambda x: np.concatenate([x, np.zeros((grown - len(x), *x.shape[1:]),
+                                                x.dtype)]), self._staging)
+    for buf, new in zip(self._staging, transitions):
+      buf[self._staged:self._staged + count] = new
+    self._staged += count
+
+  @property
+  def pending_chunks(self) -> int:
+    return self._staged // self.insert_chunk
+
+  @property
+  def num_inserted(self) -> int:
+    """Items in complete chunks, written or about to be written by the learner."""
+    return self.num_written + self.pending_chunks * self.insert_chunk
+
+  @property
+  def size(self) -> int:
+    return min(self.num_inserted, self.replay.capacity)
+
+  def pop_chunk(self) -> Transition:
+    """Removes the oldest complete chunk from staging; the caller must add it."""
+    chunk = self.insert_chunk
+    if self._staged < chunk:
+      raise RuntimeError("No complete chunk is staged.")
+    items = Transition(*(buf[:chunk].copy() for buf in self._staging))
+    for buf in self._staging:
+      buf[:self._staged - chunk] = buf[chunk:self._staged]
+    self._staged -= chunk
+    self.num_written += chunk
+    return items
+
+  def write_pending(self, keep: int = 0) -> None:
+    """Writes complete chunks with the jitted add until `keep` remain staged."""
+    while self.pending_chunks > keep:
+      self.state = self._add(self.state, self.pop_chunk())
+
+  def example_chunk(self) -> Transition:
+    return Transition(*(np.zeros_like(buf[:self.insert_chunk]) for buf in self._staging))
+
+  def warmup(self) -> None:
+    """Compiles the jitted add on a throwaway copy of the state."""
+    state_copy = jax.tree.map(jnp.copy, self.state)
+    jax.block_until_ready(self._add(state_copy, self.example_chunk()))

@@ -1,0 +1,1 @@
+"""Agents assembled from the acme_jax_dqn kit."""

@@ -1,0 +1,127 @@
+"""DQNBuilder: the single seam that wires networks, loss, replay, adder, learner and actor."""
+
+from typing import Optional
+
+import chex
+import jax
+import numpy as np
+import optax
+
+from acme_jax_dqn import actors
+from acme_jax_dqn import adders
+from acme_jax_dqn import learning
+from acme_jax_dqn import losses
+from acme_jax_dqn import networks as networks_lib
+from acme_jax_dqn import replay as replay_lib
+from acme_jax_dqn import specs
+from acme_jax_dqn.types import Transition
+from agents.dqn.config import DQNConfig
+
+
+class DQNBuilder:
+  """Makes every component of a DQN-family agent from one `DQNConfig` (Acme's builder role).
+
+  The pure pieces (`make_sgd_step`, `make_learner_step`, `make_policy`)
+  serve every run mode; the objects (`make_learner`, `make_actor`,
+  `make_replay_buffer`, `make_adder`) serve Python-driven loops.
+  """
+
+  def __init__(self, config: DQNConfig):
+    self.config = config
+
+  # Pure parts.
+  def make_networks(self, spec: specs.EnvironmentSpec,
+                    env_name: str = "") -> networks_lib.Networks:
+    c = self.config
+    return networks_lib.make_networks(
+        spec, hidden_sizes=c.hidden_sizes, dueling=c.dueling,
+        distributional=c.distributional, num_atoms=c.num_atoms,
+        v_min=c.v_min, v_max=c.v_max, torso=c.torso, env_name=env_name)
+
+  def make_loss(self):
+    c = self.config
+    if c.distributional:
+      return losses.CategoricalLoss(double_q=c.double_q)
+    return losses.QLearningLoss(double_q=c.double_q, huber_delta=c.huber_delta)
+
+  def make_optimizer(self) -> optax.GradientTransformation:
+    c = self.config
+    learning_rate = learning.make_learning_rate(
+        c.learning_rate, c.learning_rate_schedule, c.learning_rate_decay_steps,
+        c.learning_rate_end)
+    return learning.make_optimizer(learning_rate, c.max_grad_norm, c.adam_eps,
+                                   c.gradient_accumulation_steps)
+
+  def make_replay(self) -> replay_lib.Replay:
+    c = self.config
+    return replay_lib.make_replay(c.replay_capacity, c.batch_size, c.prioritized,
+                                  c.priority_exponent)
+
+  def make_sgd_step(self, networks: networks_lib.Networks,
+                    optimizer: Optional[optax.GradientTransformation] = None):
+    c = self.config
+    return learning.make_sgd_step(networks, self.make_loss(),
+                                  optimizer or self.make_optimizer(),
+                                  c.target_update_period, c.target_update_tau)
+
+  def importance_sampling_schedule(self) -> optax.Schedule:
+    c = self.config
+    if c.importance_sampling_anneal_steps <= 0:
+      return optax.constant_schedule(c.importance_sampling_exponent)
+    return optax.linear_schedule(c.importance_sampling_exponent,
+                                 c.importance_sampling_exponent_end,
+                                 c.importance_sampling_anneal_steps)
+
+  def make_learner_step(self, networks: networks_lib.Networks,
+                        replay: replay_lib.Replay,
+                        optimizer: Optional[optax.GradientTransformation] = None):
+    c = self.config
+    return learning.make_learner_step(
+        self.make_sgd_step(networks, optimizer), replay, c.num_sgd_steps_per_step,
+        self.importance_sampling_schedule(), c.priority_epsilon)
+
+  def make_policy(self, networks: networks_lib.Networks) -> actors.PolicyFn:
+    return actors.make_epsilon_greedy_policy(networks)
+
+  def make_epsilon_schedule(self, evaluation: bool = False) -> actors.LinearSchedule:
+    c = self.config
+    if evaluation:
+      return actors.make_epsilon_schedule(c.eval_epsilon, c.eval_epsilon, 0)
+    return actors.make_epsilon_schedule(c.epsilon_start, c.epsilon_end,
+                                        c.epsilon_decay_steps)
+
+  # Objects for Python-driven loops.
+  def example_transition(self, spec: specs.EnvironmentSpec) -> Transition:
+    observation = np.zeros(spec.observations.shape, spec.observations.dtype)
+    return Transition(observation=observation, action=np.int32(0),
+                      reward=np.float32(0), discount=np.float32(0),
+                      next_observation=observation)
+
+  def make_replay_buffer(self, spec: specs.EnvironmentSpec,
+                         replay: Optional[replay_lib.Replay] = None
+                         ) -> replay_lib.ReplayBuffer:
+    return replay_lib.ReplayBuffer(replay or self.make_replay(),
+                                   self.example_transition(spec),
+                                   insert_chunk=self.config.inserts_per_learner_step)
+
+  def make_adder(self, replay_buffer: replay_lib.ReplayBuffer,
+                 num_envs: int = 1) -> adders.NStepTransitionAdder:
+    return adders.NStepTransitionAdder(replay_buffer.insert, self.config.n_step,
+                                       self.config.discount, num_envs)
+
+  def make_learner(self, networks: networks_lib.Networks,
+                   replay_buffer: replay_lib.ReplayBuffer,
+                   key: chex.PRNGKey) -> learning.Learner:
+    optimizer = self.make_optimizer()
+    state = learning.init_training_state(networks, optimizer, key)
+    learner_step = self.make_learner_step(networks, replay_buffer.replay, optimizer)
+    return learning.Learner(learner_step, replay_buffer, state)
+
+  def make_actor(self, networks: networks_lib.Networks, variable_source,
+                 key: chex.PRNGKey, adder=None, evaluation: bool = False,
+                 num_envs: Optional[int] = None) -> actors.Actor:
+    period = 1 if evaluation else self.config.variable_update_period
+    client = actors.VariableClient(variable_source, "policy", period)
+    return actors.Actor(actors.make_greedy_policy(networks),
+                        self.make_epsilon_schedule(evaluation), client, key,
+                        networks.num_actions, adder=adder, num_envs=num_envs)

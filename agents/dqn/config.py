@@ -1,0 +1,180 @@
+"""DQN-family configuration: one frozen dataclass whose fields choose the variant."""
+
+import dataclasses
+from typing import Tuple
+
+from acme_jax_dqn.learning import LR_SCHEDULES
+from acme_jax_dqn.networks import TORSOS
+
+
+@dataclasses.dataclass(frozen=True)
+class DQNConfig:
+  """Hyperparameters of the DQN family; each field is also the flag `--<name>`.
+
+  Attributes:
+    discount: per-step discount gamma of the return.
+    n_step: steps summed before bootstrapping (1 is one-step TD).
+    double_q: pick the bootstrap action with the online network (Double DQN).
+    dueling: dueling head, Q = V + A - mean A (Wang et al. 2016).
+    distributional: C51 head and loss (Bellemare et al. 2017).
+    num_atoms: atoms of the C51 return distribution (51 in the paper).
+    v_min: lowest atom of the C51 support.
+    v_max: highest atom of the C51 support.
+    hidden_sizes: MLP layer sizes (after the convolutions for image torsos).
+    torso: "auto" (MLP for vectors, Nature conv for images), "mlp" or "nature_conv".
+    huber_delta: Huber loss threshold; 0 uses the squared loss 0.5 * td**2.
+    learning_rate: Adam step size (initial value when a schedule is set).
+    learning_rate_schedule: "constant", "linear" or "cosine" decay over learner steps.
+    learning_rate_end: learning rate reached at the end of the decay.
+    learning_rate_decay_steps: learner steps of the decay (0 keeps it constant).
+    adam_eps: Adam's epsilon (Dopamine uses 1.5e-4 for Atari DQN).
+    max_grad_norm: clip gradients to this global norm; 0 turns clipping off.
+    gradient_accumulation_steps: average gradients over k SGD steps before applying (optax.MultiSteps).
+    num_sgd_steps_per_step: SGD steps in one learner call (one jitted scan).
+    batch_size: transitions per SGD step.
+    replay_capacity: transitions the replay holds; the oldest are overwritten.
+    min_replay_size: transitions in replay before learning starts.
+    samples_per_insert: sampled transitions per inserted one (e.g. batch 32 every 4 steps = 8).
+    prioritized: prioritized replay (Schaul et al. 2016) with importance weights.
+    priority_exponent: alpha, how strongly priorities shape sampling.
+    importance_sampling_exponent: beta at the start of learning.
+    importance_sampling_exponent_end: beta reached after the annealing.
+    importance_sampling_anneal_steps: learner steps to anneal beta (0 keeps it constant).
+    priority_epsilon: added to new priorities so no transition gets priority 0.
+    target_update_period: learner steps between target updates.
+    target_update_tau: each target update moves tau of the way to the online params (1 copies them).
+    epsilon_start: exploration epsilon at the first env step.
+    epsilon_end: exploration epsilon after the decay.
+    epsilon_decay_steps: env steps of the linear epsilon decay.
+    eval_epsilon: epsilon of the evaluation policy (0 is greedy).
+    variable_update_period: actor steps between parameter pulls from the learner.
+    num_envs: environment copies stepped together by one actor.
+  """
+  discount: float = 0.99
+  n_step: int = 1
+  double_q: bool = False
+  dueling: bool = False
+  distributional: bool = False
+  num_atoms: int = 51
+  v_min: float = -10.0
+  v_max: float = 10.0
+  hidden_sizes: Tuple[int, ...] = (256, 256)
+  torso: str = "auto"
+  huber_delta: float = 1.0
+  learning_rate: float = 1e-3
+  learning_rate_schedule: str = "constant"
+  learning_rate_end: float = 0.0
+  learning_rate_decay_steps: int = 0
+  adam_eps: float = 1e-8
+  max_grad_norm: float = 10.0
+  gradient_accumulation_steps: int = 1
+  num_sgd_steps_per_step: int = 1
+  batch_size: int = 32
+  replay_capacity: int = 100_000
+  min_replay_size: int = 1_000
+  samples_per_insert: float = 8.0
+  prioritized: bool = False
+  priority_exponent: float = 0.6
+  importance_sampling_exponent: float = 0.4
+  importance_sampling_exponent_end: float = 1.0
+  importance_sampling_anneal_steps: int = 0
+  priority_epsilon: float = 1e-6
+  target_update_period: int = 100
+  target_update_tau: float = 1.0
+  epsilon_start: float = 1.0
+  epsilon_end: float = 0.05
+  epsilon_decay_steps: int = 10_000
+  eval_epsilon: float = 0.0
+  variable_update_period: int = 1
+  num_envs: int = 1
+
+  def __post_init__(self):
+    object.__setattr__(self, "hidden_sizes", tuple(int(h) for h in self.hidden_sizes))
+    _check(self)
+
+  @property
+  def inserts_per_learner_step(self) -> int:
+    """Inserted transitions per learner call that keep `samples_per_insert`."""
+    sampled = self.batch_size * self.num_sgd_steps_per_step
+    return max(1, round(sampled / self.samples_per_insert))
+
+
+def field_docs() -> dict:
+  """One-line reasons per field, read from the `Attributes:` docstring."""
+  docs, lines = {}, (DQNConfig.__doc__ or "").splitlines()
+  for line in lines:
+    name, sep, text = line.strip().partition(": ")
+    if sep and name in {f.name for f in dataclasses.fields(DQNConfig)}:
+      docs[name] = text
+  return docs
+
+
+class ConfigError(ValueError):
+  """A config value that cannot work; the message names the field (flag) and the fix."""
+
+
+def _fail(field: str, value, why: str) -> None:
+  raise ConfigError(f"--{field}={value!r}: {why}")
+
+
+def _check(c: DQNConfig) -> None:
+  """Single-field ranges first, then fields that must agree with each other."""
+  at_least_one = ("n_step", "batch_size", "replay_capacity", "min_replay_size",
+                  "target_update_period", "num_envs", "num_sgd_steps_per_step",
+                  "gradient_accumulation_steps", "variable_update_period")
+  for name in at_least_one:
+    value = getattr(c, name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      _fail(name, value, "must be an integer of at least 1.")
+  for name in ("epsilon_decay_steps", "learning_rate_decay_steps",
+               "importance_sampling_anneal_steps"):
+    if getattr(c, name) < 0:
+      _fail(name, getattr(c, name), "must be 0 (off) or a positive number of steps.")
+  for name in ("epsilon_start", "epsilon_end", "eval_epsilon",
+               "importance_sampling_exponent", "importance_sampling_exponent_end"):
+    if not 0.0 <= getattr(c, name) <= 1.0:
+      _fail(name, getattr(c, name), "must lie in [0, 1].")
+  if not 0.0 < c.discount <= 1.0:
+    _fail("discount", c.discount, "must lie in (0, 1]; 0.99 is usual.")
+  if not c.learning_rate > 0:
+    _fail("learning_rate", c.learning_rate, "must be positive (e.g. 1e-3).")
+  if c.learning_rate_end < 0:
+    _fail("learning_rate_end", c.learning_rate_end, "must be 0 or positive.")
+  if c.learning_rate_schedule not in LR_SCHEDULES:
+    _fail("learning_rate_schedule", c.learning_rate_schedule, f"must be one of {LR_SCHEDULES}.")
+  if not c.adam_eps > 0:
+    _fail("adam_eps", c.adam_eps, "must be positive.")
+  if c.max_grad_norm < 0:
+    _fail("max_grad_norm", c.max_grad_norm, "must be positive, or 0 to turn clipping off.")
+  if c.huber_delta < 0:
+    _fail("huber_delta", c.huber_delta, "must be positive, or 0 for the squared loss.")
+  if not c.samples_per_insert > 0:
+    _fail("samples_per_insert", c.samples_per_insert,
+          "must be positive (e.g. 8 = batch 32 every 4 env steps).")
+  if not 0.0 < c.target_update_tau <= 1.0:
+    _fail("target_update_tau", c.target_update_tau,
+          "must lie in (0, 1]: 1 copies the online params every "
+          "--target_update_period steps, a small value (0.005) with "
+          "--target_update_period=1 is Polyak averaging.")
+  if c.priority_exponent < 0:
+    _fail("priority_exponent", c.priority_exponent, "must be 0 or positive (0.6 is usual).")
+  if not c.priority_epsilon > 0:
+    _fail("priority_epsilon", c.priority_epsilon, "must be positive.")
+  if c.torso not in TORSOS:
+    _fail("torso", c.torso, f"must be one of {TORSOS}.")
+  if not c.hidden_sizes or any(h < 1 for h in c.hidden_sizes):
+    _fail("hidden_sizes", ",".join(map(str, c.hidden_sizes)),
+          "must be a comma-separated list of positive layer sizes, e.g. 256,256.")
+  if not c.v_min < c.v_max:
+    _fail("v_min", c.v_min, f"must be below --v_max={c.v_max}: the C51 support "
+          "runs from v_min up to v_max.")
+  if c.distributional and c.num_atoms < 2:
+    _fail("num_atoms", c.num_atoms, "C51 (--distributional) needs at least 2 atoms "
+          "(51 in the paper); use --nodistributional for a plain Q head.")
+  if c.min_replay_size > c.replay_capacity:
+    _fail("min_replay_size", c.min_replay_size,
+          f"is above --replay_capacity={c.replay_capacity}, so learning would "
+          "never start. Lower --min_replay_size or raise --replay_capacity.")
+  if c.batch_size > c.replay_capacity:
+    _fail("batch_size", c.batch_size,
+          f"is above --replay_capacity={c.replay_capacity}; raise the capacity.")

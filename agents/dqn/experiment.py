@@ -1,0 +1,166 @@
+"""Runs a DQN-family experiment end to end: train, log, evaluate, write summary.json."""
+
+import dataclasses
+import os
+import platform
+import time
+from typing import Any, Dict, List, Optional
+
+import jax
+import numpy as np
+
+from acme_jax_dqn import environment_loop as loop_lib
+from acme_jax_dqn import envs
+from acme_jax_dqn import loggers
+from acme_jax_dqn import specs
+from acme_jax_dqn import utils
+from agents.dqn.config import DQNConfig
+from agents.dqn.local import LocalAgent
+
+RUN_MODES = ("local",)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+  """What to run and where to write it.
+
+  Attributes:
+    env: environment name, `prefix:id`.
+    run_mode: "local" (Python loop; later "anakin" and "distributed").
+    seed: seeds parameters, exploration, replay sampling and environments.
+    total_steps: environment steps to train for (all env copies counted).
+    logdir: where train.csv, eval.csv and summary.json go.
+    eval_episodes: greedy episodes at each evaluation and at the end.
+    eval_every: env steps between evaluations (0: only at the end).
+    log_every: env steps between progress lines and train.csv rows.
+    quiet: no progress lines on the terminal.
+  """
+  env: str = "gymnasium:CartPole-v1"
+  run_mode: str = "local"
+  seed: int = 0
+  total_steps: int = 50_000
+  logdir: str = "runs/cartpole_dqn"
+  eval_episodes: int = 10
+  eval_every: int = 0
+  log_every: int = 5_000
+  quiet: bool = False
+
+  def __post_init__(self):
+    if self.run_mode not in RUN_MODES:
+      raise ValueError(f"--run_mode={self.run_mode!r}: must be one of {RUN_MODES}.")
+    if self.total_steps < 1:
+      raise ValueError(f"--total_steps={self.total_steps}: must be at least 1.")
+    if self.eval_episodes < 1:
+      raise ValueError(f"--eval_episodes={self.eval_episodes}: must be at least 1.")
+    if self.eval_every < 0 or self.log_every < 1:
+      raise ValueError("--eval_every must be 0 or positive and --log_every positive.")
+
+
+def evaluate(environment, actor, episodes: int) -> List[float]:
+  """Greedy (eval-epsilon) episode returns with the actor's latest parameters."""
+  actor.update(wait=True)
+  loop = loop_lib.EnvironmentLoop(environment, actor, should_update=False)
+  return [loop.run_episode()["episode_return"] for _ in range(episodes)]
+
+
+def _recent_mean(episodes, count: int = 20) -> float:
+  recent = [e["episode_return"] for e in episodes[-count:]]
+  return float(np.mean(recent)) if recent else float("nan")
+
+
+def run_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str, Any]:
+  """Trains in local mode and returns (and writes) the summary."""
+  start = time.perf_counter()
+  utils.use_synchronous_cpu_dispatch()
+  seed = experiment.seed
+  num_envs = None if config.num_envs == 1 else config.num_envs
+  environment = envs.make_environment(experiment.env, seed=seed, num_envs=num_envs)
+  eval_environment = envs.make_environment(experiment.env, seed=seed + 1_000_000)
+  spec = specs.make_environment_spec(environment)
+  agent_key, eval_key = jax.random.split(jax.random.PRNGKey(seed))
+  agent = LocalAgent(spec, config, agent_key, num_envs=num_envs, env_name=experiment.env)
+  eval_actor = agent.builder.make_actor(agent.networks, agent.learner, eval_key,
+                                        evaluation=True)
+
+  os.makedirs(experiment.logdir, exist_ok=True)
+  train_csv = loggers.CSVLogger(os.path.join(experiment.logdir, "train.csv"))
+  eval_csv = loggers.CSVLogger(os.path.join(experiment.logdir, "eval.csv"))
+  terminal = loggers.TerminalLogger("train") if not experiment.quiet else None
+
+  # Compile everything once on dummy inputs, so compile time is measured apart.
+  compile_start = time.perf_counter()
+  observation = np.zeros(spec.observations.shape, spec.observations.dtype)
+  agent.warmup(observation if num_envs is None else np.stack([observation] * num_envs))
+  eval_actor.warmup(observation)
+  compile_s = time.perf_counter() - compile_start
+
+  loop = loop_lib.EnvironmentLoop(environment, agent)
+  eval_rows, eval_s = [], 0.0
+  env_steps, next_eval = 0, experiment.eval_every or None
+  train_start = time.perf_counter()
+
+  def run_eval():
+    nonlocal eval_s
+    eval_start = time.perf_counter()
+    returns = evaluate(eval_environment, eval_actor, experiment.eval_episodes)
+    eval_s += time.perf_counter() - eval_start
+    row = {"env_steps": env_steps, "learner_steps": agent.learner_steps,
+           "wall_s": time.perf_counter() - start,
+           "eval_return_mean": float(np.mean(returns)),
+           "eval_return_std": float(np.std(returns)),
+           "eval_episodes": len(returns)}
+    eval_csv.write(row)
+    if terminal:
+      loggers.TerminalLogger("eval").write(row)
+    eval_rows.append(row)
+
+  while env_steps < experiment.total_steps:
+    chunk = min(experiment.log_every, experiment.total_steps - env_steps)
+    if next_eval is not None:
+      chunk = min(chunk, max(1, next_eval - env_steps))
+    loop.run_steps(chunk)
+    env_steps = int(loop.counter.get_counts()["steps"])
+    if env_steps % experiment.log_every == 0 or env_steps >= experiment.total_steps:
+      elapsed = time.perf_counter() - train_start - eval_s
+      row = {"env_steps": env_steps, "learner_steps": agent.learner_steps,
+             "wall_s": time.perf_counter() - start,
+             "sps": env_steps / max(elapsed, 1e-9),
+             "episodes": len(loop.episodes),
+             "return_recent": _recent_mean(loop.episodes),
+             "epsilon": agent.actor.epsilon, **agent.learner.metrics()}
+      train_csv.write(row)
+      if terminal:
+        terminal.write(row)
+    if next_eval is not None and env_steps >= next_eval:
+      run_eval()
+      next_eval += experiment.eval_every
+  if not eval_rows or eval_rows[-1]["env_steps"] != env_steps:
+    run_eval()
+  wall_s = time.perf_counter() - start
+  train_csv.close()
+  eval_csv.close()
+
+  final = eval_rows[-1]
+  summary = {
+      "env": experiment.env,
+      "run_mode": experiment.run_mode,
+      "seed": seed,
+      "env_steps": env_steps,
+      "learner_steps": agent.learner_steps,
+      "wall_s": wall_s,
+      "compile_s": compile_s,
+      "eval_s": eval_s,
+      "sps": env_steps / wall_s,
+      "sps_after_compile": env_steps / (wall_s - compile_s),
+      "eval_return_mean": final["eval_return_mean"],
+      "eval_return_std": final["eval_return_std"],
+      "eval_episodes": final["eval_episodes"],
+      "train_episodes": len(loop.episodes),
+      "train_return_recent": _recent_mean(loop.episodes),
+      "config": dataclasses.asdict(config),
+      "experiment": dataclasses.asdict(experiment),
+      "versions": {"jax": jax.__version__, "python": platform.python_version()},
+      "backend": jax.default_backend(),
+  }
+  loggers.write_json_atomic(os.path.join(experiment.logdir, "summary.json"), summary)
+  return summary

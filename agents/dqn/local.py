@@ -1,0 +1,78 @@
+"""The local agent: actor and learner in one process, learning at a fixed samples-per-insert ratio."""
+
+from typing import Optional
+
+import chex
+import jax
+
+from acme_jax_dqn import specs
+from agents.dqn.builder import DQNBuilder
+from agents.dqn.config import DQNConfig
+
+
+class LocalAgent:
+  """An Acme-style agent (actor interface) that also runs its learner.
+
+  Learning starts once `min_replay_size` transitions are in replay; after
+  that `update()` runs as many learner steps as keep
+  samples / inserts == `samples_per_insert`.
+  """
+
+  def __init__(self, spec: specs.EnvironmentSpec, config: DQNConfig,
+               key: chex.PRNGKey, num_envs: Optional[int] = None,
+               env_name: str = ""):
+    self.config = config
+    self.builder = builder = DQNBuilder(config)
+    learner_key, actor_key = jax.random.split(key)
+    self.networks = builder.make_networks(spec, env_name)
+    self.replay_buffer = builder.make_replay_buffer(spec)
+    self.learner = builder.make_learner(self.networks, self.replay_buffer, learner_key)
+    self.policy = builder.make_policy(self.networks)
+    adder = builder.make_adder(self.replay_buffer, num_envs or 1)
+    self.actor = builder.make_actor(self.networks, self.learner, actor_key,
+                                    adder=adder, num_envs=num_envs)
+    self._sampled_per_call = config.batch_size * config.num_sgd_steps_per_step
+    self.learner_calls = 0  # Host-side count: no device sync to read it.
+
+  # Actor interface (Acme's `core.Actor`).
+  def select_action(self, observation):
+    return self.actor.select_action(observation)
+
+  def observe_first(self, timestep) -> None:
+    self.actor.observe_first(timestep)
+
+  def observe(self, action, next_timestep) -> None:
+    self.actor.observe(action, next_timestep)
+
+  def update(self, wait: bool = False) -> None:
+    due = self._learner_calls_due()
+    if due <= 0:
+      self.replay_buffer.write_pending()
+    for _ in range(due):
+      self.learner.step()
+      self.learner_calls += 1
+    self.actor.update(wait)
+
+  def _learner_calls_due(self) -> int:
+    inserted = self.replay_buffer.num_inserted
+    learnable = inserted - self.config.min_replay_size
+    if learnable < 0:
+      return 0
+    target_calls = int(learnable * self.config.samples_per_insert // self._sampled_per_call)
+    return target_calls - self.learner_calls
+
+  @property
+  def learner_steps(self) -> int:
+    """SGD steps taken (learner calls times SGD steps per call)."""
+    return self.learner_calls * self.config.num_sgd_steps_per_step
+
+  def get_variables(self, names=("policy",)):
+    return self.learner.get_variables(names)
+
+  def warmup(self, observation) -> None:
+    """Compiles acting, replay insertion and the learner step before timing starts."""
+    self.actor.warmup(observation)
+    self.replay_buffer.warmup()
+    sampled = self.config.batch_size * self.config.num_sgd_steps_per_step
+    one_call_per_chunk = self.replay_buffer.insert_chunk * self.config.samples_per_insert == sampled
+    self.learner.warmup(with_plain_step=not one_call_per_chunk)

@@ -1,0 +1,70 @@
+"""Learning benchmark: each preset x seeds through `launch.run_dqn`; prints a table.
+
+  python bench/learning.py --presets=cartpole_dqn,cartpole_double_dueling,cartpole_c51,cartpole_rainbow --seeds=0,1,2
+
+Each run is a separate `python -m launch.run_dqn` process; the table (per
+preset and seed, then mean) is printed and written to --out as markdown.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from absl import app
+from absl import flags
+
+flags.DEFINE_list("presets", ["cartpole_dqn", "cartpole_double_dueling",
+                              "cartpole_c51", "cartpole_rainbow"],
+                  "Flagfiles in launch/configs/, without .cfg.")
+flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds to run for every preset.")
+flags.DEFINE_integer("total_steps", 0, "Override the presets' budget (0: keep theirs).")
+flags.DEFINE_string("logdir", "runs/bench_learning", "Where the runs write their logs.")
+flags.DEFINE_string("out", "bench/results/learning.md", "Markdown table to write.")
+flags.DEFINE_float("threshold", 450.0, "Mean eval return a preset must reach.")
+FLAGS = flags.FLAGS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_one(preset: str, seed: str) -> dict:
+  logdir = os.path.join(FLAGS.logdir, f"{preset}_seed{seed}")
+  cmd = [sys.executable, "-m", "launch.run_dqn",
+         f"--flagfile=launch/configs/{preset}.cfg", f"--seed={seed}",
+         f"--logdir={logdir}", "--quiet"]
+  if FLAGS.total_steps:
+    cmd.append(f"--total_steps={FLAGS.total_steps}")
+  subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+  with open(os.path.join(ROOT, logdir, "summary.json")) as f:
+    return json.load(f)
+
+
+def main(argv):
+  del argv
+  lines = ["| preset | seed | env steps | eval return (mean ± std, 10 ep) | wall s | sps |",
+           "|---|---|---|---|---|---|"]
+  verdicts = []
+  for preset in FLAGS.presets:
+    means = []
+    for seed in FLAGS.seeds:
+      s = run_one(preset, seed)
+      means.append(s["eval_return_mean"])
+      line = (f"| {preset} | {seed} | {s['env_steps']} | {s['eval_return_mean']:.1f} ± "
+              f"{s['eval_return_std']:.1f} | {s['wall_s']:.1f} | {s['sps']:.0f} |")
+      print(line, flush=True)
+      lines.append(line)
+    mean = sum(means) / len(means)
+    ok = mean >= FLAGS.threshold
+    verdicts.append(ok)
+    line = f"| **{preset}** | mean of {len(means)} | | **{mean:.1f}** ({'pass' if ok else 'FAIL'} ≥ {FLAGS.threshold:.0f}) | | |"
+    print(line, flush=True)
+    lines.append(line)
+  os.makedirs(os.path.dirname(os.path.join(ROOT, FLAGS.out)), exist_ok=True)
+  with open(os.path.join(ROOT, FLAGS.out), "w") as f:
+    f.write("\n".join(lines) + "\n")
+  print(f"compared: greedy eval return after the presets' budget against {FLAGS.threshold}; "
+        f"{sum(verdicts)}/{len(verdicts)} presets pass. Table: {FLAGS.out}")
+
+
+if __name__ == "__main__":
+  app.run(main)

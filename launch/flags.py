@@ -1,0 +1,77 @@
+"""absl flags: one per DQNConfig field (same name), plus the run flags; and flags -> config."""
+
+import dataclasses
+import typing
+
+from absl import flags
+
+from agents.dqn.config import DQNConfig, field_docs
+from agents.dqn.experiment import ExperimentConfig, RUN_MODES
+
+FLAGS = flags.FLAGS
+
+
+def _define_field_flag(field: dataclasses.Field, help_text: str) -> None:
+  name, default = field.name, field.default
+  kind = typing.get_type_hints(DQNConfig)[name]
+  if kind is bool:
+    flags.DEFINE_bool(name, default, help_text)
+  elif kind is int:
+    flags.DEFINE_integer(name, default, help_text)
+  elif kind is float:
+    flags.DEFINE_float(name, default, help_text)
+  elif kind is str:
+    flags.DEFINE_string(name, default, help_text)
+  else:  # Tuple[int, ...]: a comma-separated list.
+    flags.DEFINE_list(name, [str(v) for v in default], help_text)
+
+
+def define_flags() -> None:
+  """Defines the run flags and one flag per `DQNConfig` field (idempotent)."""
+  if "total_steps" in FLAGS:
+    return
+  docs = field_docs()
+  experiment_defaults = ExperimentConfig()
+  flags.DEFINE_string("env", experiment_defaults.env,
+                      "Environment PREFIX:ID, e.g. gymnasium:CartPole-v1.")
+  flags.DEFINE_enum("run_mode", "local", list(RUN_MODES),
+                    "local: Python loop (anakin and distributed come later).")
+  flags.DEFINE_integer("seed", 0, "Seed for parameters, exploration, replay and envs.")
+  flags.DEFINE_integer("total_steps", experiment_defaults.total_steps,
+                       "Environment steps to train for (all env copies counted).")
+  flags.DEFINE_string("logdir", experiment_defaults.logdir,
+                      "Directory for train.csv, eval.csv and summary.json.")
+  flags.DEFINE_integer("eval_episodes", experiment_defaults.eval_episodes,
+                       "Greedy evaluation episodes at each evaluation.")
+  flags.DEFINE_integer("eval_every", 0, "Env steps between evaluations (0: at the end only).")
+  flags.DEFINE_integer("log_every", experiment_defaults.log_every,
+                       "Env steps between progress lines and train.csv rows.")
+  flags.DEFINE_bool("quiet", False, "No progress lines on the terminal.")
+  for field in dataclasses.fields(DQNConfig):
+    _define_field_flag(field, docs.get(field.name, field.name))
+
+
+def _parse_int_list(name: str, values) -> tuple:
+  try:
+    return tuple(int(v) for v in values)
+  except ValueError:
+    raise ValueError(f"--{name}={','.join(values)}: must be a comma-separated list "
+                     "of integers, e.g. 256,256.") from None
+
+
+def config_from_flags() -> DQNConfig:
+  """The one place where flags become a DQNConfig (validated by the config)."""
+  values = {}
+  for field in dataclasses.fields(DQNConfig):
+    value = FLAGS[field.name].value
+    if typing.get_type_hints(DQNConfig)[field.name] not in (bool, int, float, str):
+      value = _parse_int_list(field.name, value)
+    values[field.name] = value
+  return DQNConfig(**values)
+
+
+def experiment_from_flags() -> ExperimentConfig:
+  return ExperimentConfig(env=FLAGS.env, run_mode=FLAGS.run_mode, seed=FLAGS.seed,
+                          total_steps=FLAGS.total_steps, logdir=FLAGS.logdir,
+                          eval_episodes=FLAGS.eval_episodes, eval_every=FLAGS.eval_every,
+                          log_every=FLAGS.log_every, quiet=FLAGS.quiet)

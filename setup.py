@@ -1,0 +1,28 @@
+"""Installs acme-jax-dqn: the kit (acme_jax_dqn), its agents and launchers."""
+
+import setuptools
+
+setuptools.setup(
+    name="acme-jax-dqn",
+    version="0.1.0",
+    description="A DQN-family kit for JAX in the style of Acme: Haiku, rlax, optax, flashbax.",
+    packages=setuptools.find_packages(include=["acme_jax_dqn*", "agents*", "launch*"]),
+    package_data={"launch": ["configs/*.cfg"]},
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.4.30",
+        "dm-haiku>=0.0.13",
+        "rlax>=0.1.6",
+        "optax>=0.2.2",
+        "chex>=0.1.86",
+        "dm-env>=1.6",
+        "dm-tree>=0.1.8",
+        "absl-py>=2.0",
+        "flashbax>=0.1.2",
+        "gymnasium[classic-control]>=1.0",
+        "numpy>=1.24",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "pytest-xdist>=3"],
+    },
+)

@@ -1,0 +1,72 @@
+"""Shared test fakes: a dm_env environment with a known spec, and fixed networks."""
+
+import dm_env
+from dm_env import specs
+import jax.numpy as jnp
+import numpy as np
+
+from acme_jax_dqn.networks import Networks, NetworkOutput
+
+
+class FakeEnvironment(dm_env.Environment):
+  """Observations are the step index as a vector; episodes last `episode_length` steps.
+
+  Rewards are `rewards[t]` for the t-th step (default 1). The last step is a
+  termination (discount 0) or, with `truncate=True`, a truncation (discount 1).
+  """
+
+  def __init__(self, episode_length=4, num_actions=3, obs_dim=2, rewards=None,
+               truncate=False, obs_shape=None, continuous=False):
+    self._length = episode_length
+    self._num_actions = num_actions
+    self._obs_shape = obs_shape or (obs_dim,)
+    self._rewards = rewards
+    self._truncate = truncate
+    self._continuous = continuous
+    self._t = 0
+    self.actions_taken = []
+
+  def _observation(self):
+    return np.full(self._obs_shape, self._t, np.float32)
+
+  def reset(self):
+    self._t = 0
+    return dm_env.restart(self._observation())
+
+  def step(self, action):
+    self.actions_taken.append(action)
+    reward = 1.0 if self._rewards is None else float(self._rewards[self._t])
+    self._t += 1
+    if self._t >= self._length:
+      if self._truncate:
+        return dm_env.truncation(reward, self._observation())
+      return dm_env.termination(reward, self._observation())
+    return dm_env.transition(reward, self._observation())
+
+  def observation_spec(self):
+    return specs.Array(self._obs_shape, np.float32, name="observation")
+
+  def action_spec(self):
+    if self._continuous:
+      return specs.BoundedArray((1,), np.float32, -1.0, 1.0, name="action")
+    return specs.DiscreteArray(self._num_actions, dtype=np.int32, name="action")
+
+
+def fixed_networks(q_values, num_actions=None):
+  """A network whose Q-values are `q_values` ([A]) for every observation.
+
+  Params are a dict with the Q-values, so tests know the greedy action in
+  advance (Dopamine's test-network idea).
+  """
+  q_values = jnp.asarray(q_values, jnp.float32)
+  num_actions = num_actions or q_values.shape[-1]
+
+  def init(key):
+    del key
+    return {"q": q_values}
+
+  def apply(params, observation):
+    batch = observation.shape[0]
+    return NetworkOutput(q_values=jnp.broadcast_to(params["q"], (batch, num_actions)))
+
+  return Networks(init=init, apply=apply, num_actions=num_actions, distributional=False)

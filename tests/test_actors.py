@@ -1,0 +1,86 @@
+"""Acting: epsilon schedules, greedy actions of a known network, exploration, Ape-X epsilons."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from acme_jax_dqn import actors
+from tests.fakes import FakeEnvironment, fixed_networks
+
+
+def test_linear_epsilon_schedule_at_chosen_steps_on_host_and_in_jit():
+  schedule = actors.make_epsilon_schedule(1.0, 0.1, 100)
+  steps = [0, 50, 100, 1000]
+  expected = [1.0, 0.55, 0.1, 0.1]
+  assert [schedule(s) for s in steps] == pytest.approx(expected)
+  in_jit = jax.jit(jax.vmap(schedule))(jnp.array(steps))
+  np.testing.assert_allclose(in_jit, expected, rtol=1e-6)
+  assert actors.make_epsilon_schedule(1.0, 0.3, 0)(12345) == 0.3
+
+
+def test_apex_epsilons_follow_the_formula():
+  eps = actors.apex_epsilons(4, base=0.4, alpha=7.0)
+  expected = [0.4 ** (1 + 7.0 * i / 3) for i in range(4)]
+  np.testing.assert_allclose(eps, expected, rtol=1e-6)
+  assert actors.apex_epsilons(1)[0] == pytest.approx(0.4)
+
+
+class _Source:
+  def __init__(self, params):
+    self.params = params
+
+  def get_variables(self, names):
+    return [self.params for _ in names]
+
+
+def _actor(epsilon, num_envs=None, q=(0.0, 5.0, 1.0)):
+  networks = fixed_networks(q)
+  client = actors.VariableClient(_Source(networks.init(None)))
+  return actors.Actor(actors.make_greedy_policy(networks),
+                      actors.make_epsilon_schedule(epsilon, epsilon, 0), client,
+                      jax.random.PRNGKey(0), networks.num_actions, num_envs=num_envs)
+
+
+def test_greedy_actor_picks_the_known_best_action():
+  actor = _actor(0.0)
+  assert [actor.select_action(np.zeros(2, np.float32)) for _ in range(20)] == [1] * 20
+  batched = _actor(0.0, num_envs=3)
+  np.testing.assert_array_equal(batched.select_action(np.zeros((3, 2), np.float32)), [1, 1, 1])
+  assert batched.num_steps == 3
+
+
+def test_fully_exploring_actor_is_uniform_over_actions():
+  actor = _actor(1.0)
+  actions = [actor.select_action(np.zeros(2, np.float32)) for _ in range(3000)]
+  np.testing.assert_allclose(np.bincount(actions, minlength=3) / 3000, [1 / 3] * 3, atol=0.04)
+
+
+def test_actor_exploration_rate_matches_epsilon():
+  actor = _actor(0.3, num_envs=4)
+  actions = np.concatenate([actor.select_action(np.zeros((4, 2), np.float32))
+                            for _ in range(1000)])
+  # Greedy action 1 is taken with probability 1 - eps + eps / 3.
+  assert np.mean(actions == 1) == pytest.approx(0.7 + 0.1, abs=0.03)
+
+
+def test_pure_policy_takes_per_row_epsilons():
+  networks = fixed_networks((0.0, 5.0, 1.0))
+  policy = jax.jit(actors.make_epsilon_greedy_policy(networks))
+  epsilon = jnp.array([0.0, 1.0] * 500)
+  actions = np.asarray(policy(networks.init(None), jax.random.PRNGKey(1),
+                              jnp.zeros((1000, 2)), epsilon))
+  assert np.all(actions[0::2] == 1)
+  assert 0.25 < np.mean(actions[1::2] == 1) < 0.42
+
+
+def test_variable_client_pulls_every_period():
+  source = _Source({"w": 1})
+  client = actors.VariableClient(source, update_period=3)
+  assert client.params == {"w": 1}
+  source.params = {"w": 2}
+  client.update()
+  client.update()
+  assert client.params == {"w": 1}
+  client.update()
+  assert client.params == {"w": 2}

@@ -1,0 +1,76 @@
+"""Environment adapters and loops: termination vs truncation, batched auto-reset, names."""
+
+import dm_env
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from acme_jax_dqn import envs, specs
+from acme_jax_dqn.envs.gymnasium_adapter import GymnasiumEnvironment
+from acme_jax_dqn.environment_loop import EnvironmentLoop
+from tests.fakes import FakeEnvironment
+
+
+def test_gymnasium_truncation_keeps_discount_one():
+  env = GymnasiumEnvironment(gym.make("CartPole-v1", max_episode_steps=3), seed=0)
+  ts = env.reset()
+  assert ts.first()
+  for _ in range(3):
+    ts = env.step(0 if ts.observation[2] > 0 else 1)  # Balance for 3 steps.
+  assert ts.last() and ts.discount == 1.0
+
+
+def test_gymnasium_termination_has_discount_zero():
+  env = envs.make_environment("gymnasium:CartPole-v1", seed=0)
+  ts = env.reset()
+  while not ts.last():
+    ts = env.step(1)  # Always push right: the pole falls.
+  assert ts.discount == 0.0 and ts.reward == 1.0
+
+
+def test_spec_of_cartpole():
+  spec = specs.make_environment_spec(envs.make_environment("gymnasium:CartPole-v1"))
+  assert spec.observations.shape == (4,) and spec.actions.num_values == 2
+
+
+def test_batched_environment_resets_the_dm_env_way():
+  env = envs.BatchedEnvironment(lambda i: FakeEnvironment(episode_length=2 + i), num_envs=2)
+  ts = env.reset()
+  assert list(ts.step_type) == [dm_env.StepType.FIRST] * 2
+  ts = env.step([0, 0])
+  ts = env.step([0, 0])
+  assert list(ts.step_type) == [dm_env.StepType.LAST, dm_env.StepType.MID]
+  ts = env.step([0, 0])
+  assert list(ts.step_type) == [dm_env.StepType.FIRST, dm_env.StepType.LAST]
+  assert ts.observation[0, 0] == 0.0 and ts.reward[0] == 0.0
+
+
+@pytest.mark.parametrize("name", ["CartPole-v1", "gym:CartPole-v1", "gymnasium:NoSuchEnv-v0"])
+def test_unknown_environment_names_list_the_known_prefixes(name):
+  with pytest.raises(ValueError, match="gymnasium"):
+    envs.make_environment(name)
+
+
+def test_environment_loop_counts_steps_and_episodes():
+  class Actor:
+    def select_action(self, observation):
+      return 0
+    def observe_first(self, timestep):
+      pass
+    def observe(self, action, next_timestep):
+      pass
+    def update(self, wait=False):
+      pass
+
+  loop = EnvironmentLoop(FakeEnvironment(episode_length=4), Actor())
+  result = loop.run_episode()
+  assert result["episode_length"] == 4 and result["episode_return"] == 4.0
+  assert loop.run(num_episodes=2) == 8
+  finished = loop.run_steps(10)
+  assert [e["episode_length"] for e in finished] == [4, 4]
+  assert loop.counter.get_counts()["steps"] == 4 + 8 + 10
+
+  batched = EnvironmentLoop(envs.BatchedEnvironment(lambda i: FakeEnvironment(3), 2),
+                            type("A", (Actor,), {"select_action": lambda s, o: np.zeros(2, int)})())
+  finished = batched.run_steps(8)  # 4 batched steps: both copies end at step 3.
+  assert [e["episode_return"] for e in finished] == [3.0, 3.0]

@@ -1,0 +1,117 @@
+"""Learning: exact hard and Polyak target updates, the packed state, the Learner shell."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from acme_jax_dqn import learning, losses, replay as replay_lib, utils
+from acme_jax_dqn.types import Transition
+from agents.dqn import DQNBuilder, DQNConfig
+from acme_jax_dqn import specs
+from tests.fakes import FakeEnvironment
+
+
+def _tree(value):
+  return {"a": jnp.full((2, 3), value), "b": {"c": jnp.full((4,), value)}}
+
+
+def test_hard_target_update_copies_exactly_every_period():
+  online, target = _tree(1.2345678), _tree(-7.0)
+  for steps in range(1, 7):
+    new = learning.update_target(online, target, jnp.int32(steps), period=3, tau=1.0)
+    expected = online if steps % 3 == 0 else target
+    jax.tree.map(lambda x, y: np.testing.assert_array_equal(x, y), new, expected)
+
+
+def test_polyak_target_update_is_exact_average():
+  online, target = _tree(2.0), _tree(10.0)
+  new = learning.update_target(online, target, jnp.int32(1), period=1, tau=0.25)
+  # 0.25 * 2 + 0.75 * 10 = 8.
+  jax.tree.map(lambda x: np.testing.assert_allclose(x, 8.0, rtol=1e-7), new)
+
+
+def test_tree_packer_round_trips_mixed_dtypes_exactly():
+  tree = {"f": jnp.arange(6.0).reshape(2, 3) / 7, "i": jnp.int32(5),
+          "k": jax.random.PRNGKey(3), "g": jnp.ones((1,), jnp.float32)}
+  packer = utils.TreePacker(tree)
+  packed = packer.pack(tree)
+  assert len(packed) == 3  # float32, int32, uint32.
+  back = jax.jit(packer.unpack)(jax.jit(packer.pack)(tree))
+  jax.tree.map(lambda x, y: (np.testing.assert_array_equal(x, y),
+                             np.testing.assert_equal(x.dtype, y.dtype)), back, tree)
+
+
+def _setup(**config_kwargs):
+  config = DQNConfig(hidden_sizes=(16,), batch_size=8, replay_capacity=64,
+                     min_replay_size=8, samples_per_insert=8.0, **config_kwargs)
+  builder = DQNBuilder(config)
+  spec = specs.make_environment_spec(FakeEnvironment(obs_dim=3))
+  networks = builder.make_networks(spec)
+  return config, builder, spec, networks
+
+
+def test_sgd_step_target_starts_as_copy_and_updates_on_period():
+  config, builder, _, networks = _setup(target_update_period=2)
+  optimizer = builder.make_optimizer()
+  state = learning.init_training_state(networks, optimizer, jax.random.PRNGKey(0))
+  jax.tree.map(np.testing.assert_array_equal, state.online_params, state.target_params)
+  rng = np.random.default_rng(0)
+  batch = replay_lib.ReplaySample(
+      Transition(rng.normal(size=(8, 3)).astype(np.float32), np.zeros(8, np.int32),
+                 np.ones(8, np.float32), np.full(8, 0.9, np.float32),
+                 rng.normal(size=(8, 3)).astype(np.float32)),
+      jnp.zeros(8, jnp.int32), jnp.ones(8), jnp.ones(8))
+  sgd_step = jax.jit(builder.make_sgd_step(networks, optimizer))
+  state1, metrics = sgd_step(state, batch)
+  assert int(state1.steps) == 1
+  jax.tree.map(np.testing.assert_array_equal, state1.target_params, state.online_params)
+  assert not np.allclose(state1.online_params["mlp_torso/mlp/~/linear_0"]["w"],
+                         state.online_params["mlp_torso/mlp/~/linear_0"]["w"])
+  state2, _ = sgd_step(state1, batch)
+  jax.tree.map(np.testing.assert_array_equal, state2.target_params, state2.online_params)
+  assert metrics["priorities"].shape == (8,) and np.isfinite(float(metrics["loss"]))
+
+
+def test_learner_reduces_loss_on_fixed_data_and_serves_variables():
+  config, builder, spec, networks = _setup(target_update_period=1000)
+  buffer = builder.make_replay_buffer(spec)
+  rng = np.random.default_rng(1)
+  observation = rng.normal(size=(64, 3)).astype(np.float32)
+  action = rng.integers(0, 3, 64).astype(np.int32)
+  reward = (observation[:, 0] * (action - 1)).astype(np.float32)  # Learnable; discount 0.
+  data = Transition(observation, action, reward, np.zeros(64, np.float32),
+                    rng.normal(size=(64, 3)).astype(np.float32))
+  buffer.insert(data)
+  learner = builder.make_learner(networks, buffer, jax.random.PRNGKey(0))
+  learner.step()
+  first = learner.metrics()["loss"]
+  for _ in range(300):
+    learner.step()
+  assert learner.metrics()["loss"] < 0.5 * first
+  assert int(learner.state.steps) == 301
+  params = learner.get_variables(["policy"])[0]
+  jax.tree.map(np.testing.assert_array_equal, params, learner.save().online_params)
+  assert buffer.num_written == 64
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine"])
+def test_learning_rate_schedules_reach_their_end_value(schedule):
+  lr = learning.make_learning_rate(1e-3, schedule, decay_steps=10, end_value=1e-4)
+  assert float(lr(0)) == pytest.approx(1e-3)
+  assert float(lr(10)) == pytest.approx(1e-4)
+  assert learning.make_learning_rate(1e-3, "constant", 10) == 1e-3
+
+
+def test_gradient_accumulation_applies_every_k_steps():
+  _, builder, _, networks = _setup(gradient_accumulation_steps=2)
+  optimizer = builder.make_optimizer()
+  assert isinstance(optimizer, optax.MultiSteps) or hasattr(optimizer, "init")
+  params = networks.init(jax.random.PRNGKey(0))
+  opt_state = optimizer.init(params)
+  grads = jax.tree.map(jnp.ones_like, params)
+  updates, opt_state = optimizer.update(grads, opt_state, params)
+  assert all(float(jnp.abs(u).max()) == 0.0 for u in jax.tree.leaves(updates))
+  updates, opt_state = optimizer.update(grads, opt_state, params)
+  assert any(float(jnp.abs(u).max()) > 0.0 for u in jax.tree.leaves(updates))

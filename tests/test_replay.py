@@ -1,0 +1,78 @@
+"""Replay on flashbax: what goes in comes out, priorities shape sampling, weights are exact."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from acme_jax_dqn import replay as replay_lib
+from acme_jax_dqn.types import Transition
+
+
+def _items(values):
+  values = np.asarray(values, np.float32)
+  n = len(values)
+  return Transition(values[:, None], np.arange(n, dtype=np.int32) % 2, values,
+                    np.ones(n, np.float32), values[:, None] + 1)
+
+
+def _example():
+  return Transition(np.zeros(1, np.float32), np.int32(0), np.float32(0), np.float32(0),
+                    np.zeros(1, np.float32))
+
+
+def test_uniform_replay_samples_only_inserted_items_after_chunks():
+  buffer = replay_lib.ReplayBuffer(replay_lib.make_replay(16, 8), _example(), insert_chunk=4)
+  buffer.insert(_items([1, 2, 3]))
+  assert buffer.num_inserted == 0  # An incomplete chunk is not inserted yet.
+  buffer.insert(_items([4, 5]))
+  assert buffer.num_inserted == 4 and buffer.pending_chunks == 1
+  buffer.write_pending()
+  assert buffer.num_written == 4
+  sample = jax.jit(buffer.replay.sample)(buffer.state, jax.random.PRNGKey(0), 0.4)
+  assert set(np.asarray(sample.transitions.reward).tolist()) <= {1.0, 2.0, 3.0, 4.0}
+  np.testing.assert_array_equal(sample.transitions.next_observation[:, 0],
+                                sample.transitions.observation[:, 0] + 1)
+  np.testing.assert_array_equal(sample.weights, np.ones(8))
+
+
+def test_replay_overwrites_oldest_when_full():
+  buffer = replay_lib.ReplayBuffer(replay_lib.make_replay(4, 4), _example(), insert_chunk=2)
+  buffer.insert(_items([1, 2, 3, 4, 5, 6]))
+  buffer.write_pending()
+  keys = jax.random.split(jax.random.PRNGKey(0), 50)
+  samples = jax.vmap(buffer.replay.sample, in_axes=(None, 0, None))(buffer.state, keys, 0.0)
+  assert set(np.asarray(samples.transitions.reward).ravel().tolist()) == {3.0, 4.0, 5.0, 6.0}
+  assert int(buffer.replay.size(buffer.state)) == 4
+
+
+def test_prioritized_sampling_follows_priorities_and_weights_match_formula():
+  replay = replay_lib.make_replay(8, 8, prioritized=True, priority_exponent=1.0)
+  buffer = replay_lib.ReplayBuffer(replay, _example(), insert_chunk=4)
+  buffer.insert(_items([0, 1, 2, 3]))
+  buffer.write_pending()
+  state = replay.set_priorities(buffer.state, jnp.arange(4), jnp.array([1.0, 1.0, 2.0, 4.0]))
+  keys = jax.random.split(jax.random.PRNGKey(1), 500)
+  samples = jax.jit(jax.vmap(replay.sample, in_axes=(None, 0, None)))(state, keys, 0.5)
+  drawn = np.asarray(samples.transitions.reward).astype(int)  # [500, 8]
+  counts = np.bincount(drawn.ravel(), minlength=4)
+  np.testing.assert_allclose(counts / counts.sum(), [0.125, 0.125, 0.25, 0.5], atol=0.03)
+  # w = (N P)^-beta / max over the batch, with N = 4 items and beta = 0.5.
+  probs = np.array([0.125, 0.125, 0.25, 0.5])[drawn]
+  expected = (4 * probs) ** -0.5
+  np.testing.assert_allclose(samples.weights, expected / expected.max(-1, keepdims=True),
+                             rtol=1e-4)
+
+
+def test_importance_weights_of_an_empty_slot_draw_are_zero_not_inf():
+  weights = replay_lib.importance_weights(jnp.array([0.5, 0.0, 0.25]), jnp.int32(4), 1.0)
+  assert np.all(np.isfinite(weights))
+  np.testing.assert_allclose(weights, [0.5, 0.0, 1.0])
+
+
+def test_replay_buffer_grows_its_staging_for_large_inserts():
+  buffer = replay_lib.ReplayBuffer(replay_lib.make_replay(512, 8), _example(), insert_chunk=2)
+  buffer.insert(_items(np.arange(300)))
+  assert buffer.pending_chunks == 150
+  buffer.write_pending(keep=1)
+  assert buffer.num_written == 298 and buffer.num_inserted == 300
