@@ -144,7 +144,9 @@ class Actor:
     self._py_rng = random.Random(sum(x << (32 * i) for i, x in enumerate(seed)))
     self._greedy = jax.jit(greedy)
     self._epsilon_fn = epsilon_fn
-    self.num_steps = 0  # Env steps taken by this actor (all copies counted).
+    # Env steps observed by this actor (all copies; restart steps excluded).
+    # It drives epsilon, so it counts in `observe`, where restarts are known.
+    self.num_steps = 0
 
   def select_action(self, observation) -> np.ndarray:
     if not self._batched:
@@ -158,14 +160,11 @@ class Actor:
       if explore.any():
         actions = np.where(explore, self._rng.integers(self._num_actions, size=n,
                                                        dtype=np.int32), actions)
-    self.num_steps += n
     return actions
 
   def _select_one(self, observation) -> int:
     """The unbatched path, in plain Python: a numpy call costs more than this whole step."""
-    epsilon = self._epsilon_fn(self.num_steps)
-    self.num_steps += 1
-    if self._py_rng.random() < epsilon:
+    if self._py_rng.random() < self._epsilon_fn(self.num_steps):
       return self._py_rng.randrange(self._num_actions)
     return int(np.asarray(self._greedy(self._client.params, observation[None]))[0])
 
@@ -174,6 +173,10 @@ class Actor:
       self._adder.add_first(timestep if self._batched else _batch_timestep(timestep))
 
   def observe(self, action, next_timestep: dm_env.TimeStep) -> None:
+    if self._batched:
+      self.num_steps += int(np.count_nonzero(next_timestep.step_type != dm_env.StepType.FIRST))
+    else:
+      self.num_steps += 1
     if self._adder is not None:
       if self._batched:
         self._adder.add(action, next_timestep)

@@ -40,10 +40,6 @@ class NStepTransitionAdder:
     # Per env, pending steps: (observation, action, reward, env discount).
     self._windows: List[list] = [[] for _ in range(num_envs)]
 
-  def reset(self) -> None:
-    self._observation = None
-    self._windows = [[] for _ in range(self._num_envs)]
-
   def add_first(self, timestep: dm_env.TimeStep) -> None:
     """Records the first (batched) observation of every env."""
     self._observation = np.array(timestep.observation, copy=True)

@@ -27,9 +27,11 @@ class EnvironmentLoop:
 
   `run(num_episodes, num_steps)` follows Acme (whole episodes, one env).
   `run_steps(num_steps)` continues from where the previous call stopped
-  and works with batched environments (attribute `num_envs`): it counts
-  every copy's step, so its budget is in env steps. Finished episodes are
-  returned and kept in `episodes`.
+  and works with batched environments (attribute `num_envs`). Its budget
+  is in env steps: every copy's step counts, except the step in which a
+  copy restarts after LAST (it returns FIRST and no transition). A batched
+  call may therefore overshoot `num_steps` by up to `num_envs - 1`.
+  Finished episodes are returned and kept in `episodes`.
   """
 
   def __init__(self, environment: dm_env.Environment, actor,
@@ -100,10 +102,11 @@ class EnvironmentLoop:
       actor.observe(action, next_timestep=timestep)
       if self._should_update:
         actor.update()
-      taken += n
       if batched:
+        taken += int(np.count_nonzero(timestep.step_type != dm_env.StepType.FIRST))
         finished.extend(self._account_batched(timestep))
       else:
+        taken += 1
         self._returns[0] += timestep.reward
         self._lengths[0] += 1
         if timestep.last():

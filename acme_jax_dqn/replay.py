@@ -155,10 +155,6 @@ class ReplayBuffer:
     """Items in complete chunks, written or about to be written by the learner."""
     return self.num_written + self.pending_chunks * self.insert_chunk
 
-  @property
-  def size(self) -> int:
-    return min(self.num_inserted, self.replay.capacity)
-
   def pop_chunk(self) -> Transition:
     """Removes the oldest complete chunk from staging; the caller must add it."""
     chunk = self.insert_chunk

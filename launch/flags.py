@@ -5,7 +5,7 @@ import typing
 
 from absl import flags
 
-from agents.dqn.config import DQNConfig, field_docs
+from agents.dqn.config import ConfigError, DQNConfig, field_docs
 from agents.dqn.experiment import ExperimentConfig, RUN_MODES
 
 FLAGS = flags.FLAGS
@@ -55,7 +55,7 @@ def _parse_int_list(name: str, values) -> tuple:
   try:
     return tuple(int(v) for v in values)
   except ValueError:
-    raise ValueError(f"--{name}={','.join(values)}: must be a comma-separated list "
+    raise ConfigError(f"--{name}={','.join(values)}: must be a comma-separated list "
                      "of integers, e.g. 256,256.") from None
 
 
@@ -71,6 +71,13 @@ def config_from_flags() -> DQNConfig:
 
 
 def experiment_from_flags() -> ExperimentConfig:
+  try:
+    return _experiment_from_flags()
+  except ValueError as error:
+    raise ConfigError(str(error)) from error
+
+
+def _experiment_from_flags() -> ExperimentConfig:
   return ExperimentConfig(env=FLAGS.env, run_mode=FLAGS.run_mode, seed=FLAGS.seed,
                           total_steps=FLAGS.total_steps, logdir=FLAGS.logdir,
                           eval_episodes=FLAGS.eval_episodes, eval_every=FLAGS.eval_every,

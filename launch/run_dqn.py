@@ -14,12 +14,13 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments {argv[1:]}: every option is a --flag.")
   # Imported here so that `--help` and flag errors do not wait for JAX.
+  from agents.dqn.config import ConfigError
   from agents.dqn.experiment import run_experiment
   try:
     config = launch_flags.config_from_flags()
     experiment = launch_flags.experiment_from_flags()
     summary = run_experiment(experiment, config)
-  except ValueError as error:  # Bad input: say what and how to fix it, no traceback.
+  except ConfigError as error:  # Bad input: say what and how to fix it, no traceback.
     print(f"error: {error}", file=sys.stderr)
     return 2
   brief = {k: summary[k] for k in ("env", "env_steps", "learner_steps", "wall_s",

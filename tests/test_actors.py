@@ -1,5 +1,6 @@
 """Acting: epsilon schedules, greedy actions of a known network, exploration, Ape-X epsilons."""
 
+import dm_env
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -46,8 +47,13 @@ def test_greedy_actor_picks_the_known_best_action():
   actor = _actor(0.0)
   assert [actor.select_action(np.zeros(2, np.float32)) for _ in range(20)] == [1] * 20
   batched = _actor(0.0, num_envs=3)
-  np.testing.assert_array_equal(batched.select_action(np.zeros((3, 2), np.float32)), [1, 1, 1])
-  assert batched.num_steps == 3
+  actions = batched.select_action(np.zeros((3, 2), np.float32))
+  np.testing.assert_array_equal(actions, [1, 1, 1])
+  # Steps are counted when observed; a copy's restart step (FIRST) is not an env step.
+  batched.observe(actions, dm_env.TimeStep(
+      np.array([dm_env.StepType.MID, dm_env.StepType.FIRST, dm_env.StepType.LAST]),
+      np.zeros(3, np.float32), np.ones(3, np.float32), np.zeros((3, 2), np.float32)))
+  assert batched.num_steps == 2
 
 
 def test_fully_exploring_actor_is_uniform_over_actions():

@@ -26,5 +26,7 @@ def test_agent_learns_cartpole_clearly_above_random(variant, tmp_path):
                                 logdir=str(tmp_path), eval_episodes=5, log_every=4_000,
                                 quiet=True)
   summary = run_experiment(experiment, config)
-  assert summary["learner_steps"] == 4 * (8_000 - 500) // 4
+  # One SGD step per inserted transition after min_replay_size; n-step windows and
+  # the last incomplete chunk hold back a few transitions.
+  assert 7_500 - 8 <= summary["learner_steps"] <= 7_500
   assert summary["eval_return_mean"] > 5 * RANDOM_POLICY_RETURN, summary["eval_return_mean"]

@@ -1,6 +1,7 @@
 """DQN-family configuration: one frozen dataclass whose fields choose the variant."""
 
 import dataclasses
+import math
 from typing import Tuple
 
 from acme_jax_dqn.learning import LR_SCHEDULES
@@ -26,7 +27,7 @@ class DQNConfig:
     learning_rate: Adam step size (initial value when a schedule is set).
     learning_rate_schedule: "constant", "linear" or "cosine" decay over learner steps.
     learning_rate_end: learning rate reached at the end of the decay.
-    learning_rate_decay_steps: learner steps of the decay (0 keeps it constant).
+    learning_rate_decay_steps: applied updates of the decay (0 keeps it constant); with gradient accumulation an update is k SGD steps.
     adam_eps: Adam's epsilon (Dopamine uses 1.5e-4 for Atari DQN).
     max_grad_norm: clip gradients to this global norm; 0 turns clipping off.
     gradient_accumulation_steps: average gradients over k SGD steps before applying (optax.MultiSteps).
@@ -47,7 +48,7 @@ class DQNConfig:
     epsilon_end: exploration epsilon after the decay.
     epsilon_decay_steps: env steps of the linear epsilon decay.
     eval_epsilon: epsilon of the evaluation policy (0 is greedy).
-    variable_update_period: actor steps between parameter pulls from the learner.
+    variable_update_period: actor calls (one per batch of env copies) between parameter pulls.
     num_envs: environment copies stepped together by one actor.
   """
   discount: float = 0.99
@@ -93,10 +94,14 @@ class DQNConfig:
     _check(self)
 
   @property
+  def samples_per_learner_step(self) -> int:
+    """Transitions sampled by one learner call (all its SGD steps)."""
+    return self.batch_size * self.num_sgd_steps_per_step
+
+  @property
   def inserts_per_learner_step(self) -> int:
     """Inserted transitions per learner call that keep `samples_per_insert`."""
-    sampled = self.batch_size * self.num_sgd_steps_per_step
-    return max(1, round(sampled / self.samples_per_insert))
+    return max(1, round(self.samples_per_learner_step / self.samples_per_insert))
 
 
 def field_docs() -> dict:
@@ -119,6 +124,10 @@ def _fail(field: str, value, why: str) -> None:
 
 def _check(c: DQNConfig) -> None:
   """Single-field ranges first, then fields that must agree with each other."""
+  for field in dataclasses.fields(c):
+    value = getattr(c, field.name)
+    if isinstance(value, float) and not math.isfinite(value):
+      _fail(field.name, value, "must be a finite number.")
   at_least_one = ("n_step", "batch_size", "replay_capacity", "min_replay_size",
                   "target_update_period", "num_envs", "num_sgd_steps_per_step",
                   "gradient_accumulation_steps", "variable_update_period")
@@ -156,8 +165,8 @@ def _check(c: DQNConfig) -> None:
           "must lie in (0, 1]: 1 copies the online params every "
           "--target_update_period steps, a small value (0.005) with "
           "--target_update_period=1 is Polyak averaging.")
-  if c.priority_exponent < 0:
-    _fail("priority_exponent", c.priority_exponent, "must be 0 or positive (0.6 is usual).")
+  if not 0.0 <= c.priority_exponent <= 1.0:
+    _fail("priority_exponent", c.priority_exponent, "must lie in [0, 1] (0.6 is usual).")
   if not c.priority_epsilon > 0:
     _fail("priority_epsilon", c.priority_epsilon, "must be positive.")
   if c.torso not in TORSOS:
@@ -175,6 +184,10 @@ def _check(c: DQNConfig) -> None:
     _fail("min_replay_size", c.min_replay_size,
           f"is above --replay_capacity={c.replay_capacity}, so learning would "
           "never start. Lower --min_replay_size or raise --replay_capacity.")
+  if c.inserts_per_learner_step > c.replay_capacity:
+    _fail("samples_per_insert", c.samples_per_insert,
+          f"means {c.inserts_per_learner_step} inserts per learner step, more than "
+          f"--replay_capacity={c.replay_capacity}. Raise --samples_per_insert or the capacity.")
   if c.batch_size > c.replay_capacity:
     _fail("batch_size", c.batch_size,
           f"is above --replay_capacity={c.replay_capacity}; raise the capacity.")

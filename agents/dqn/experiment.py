@@ -14,7 +14,7 @@ from acme_jax_dqn import envs
 from acme_jax_dqn import loggers
 from acme_jax_dqn import specs
 from acme_jax_dqn import utils
-from agents.dqn.config import DQNConfig
+from agents.dqn.config import ConfigError, DQNConfig
 from agents.dqn.local import LocalAgent
 
 RUN_MODES = ("local",)
@@ -54,6 +54,8 @@ class ExperimentConfig:
       raise ValueError(f"--eval_episodes={self.eval_episodes}: must be at least 1.")
     if self.eval_every < 0 or self.log_every < 1:
       raise ValueError("--eval_every must be 0 or positive and --log_every positive.")
+    if self.seed < 0:
+      raise ValueError(f"--seed={self.seed}: must be 0 or positive.")
 
 
 def evaluate(environment, actor, episodes: int) -> List[float]:
@@ -74,11 +76,14 @@ def run_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str,
   utils.use_synchronous_cpu_dispatch()
   seed = experiment.seed
   num_envs = None if config.num_envs == 1 else config.num_envs
-  environment = envs.make_environment(experiment.env, seed=seed, num_envs=num_envs)
-  eval_environment = envs.make_environment(experiment.env, seed=seed + 1_000_000)
-  spec = specs.make_environment_spec(environment)
-  agent_key, eval_key = jax.random.split(jax.random.PRNGKey(seed))
-  agent = LocalAgent(spec, config, agent_key, num_envs=num_envs, env_name=experiment.env)
+  try:  # Bad input shows up here: unknown env, actions or observations the network cannot take.
+    environment = envs.make_environment(experiment.env, seed=seed, num_envs=num_envs)
+    eval_environment = envs.make_environment(experiment.env, seed=seed + 1_000_000)
+    spec = specs.make_environment_spec(environment)
+    agent_key, eval_key = jax.random.split(jax.random.PRNGKey(seed))
+    agent = LocalAgent(spec, config, agent_key, num_envs=num_envs, env_name=experiment.env)
+  except ValueError as error:
+    raise ConfigError(str(error)) from error
   eval_actor = agent.builder.make_actor(agent.networks, agent.learner, eval_key,
                                         evaluation=True)
 
@@ -96,7 +101,7 @@ def run_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str,
 
   loop = loop_lib.EnvironmentLoop(environment, agent)
   eval_rows, eval_s = [], 0.0
-  env_steps, next_eval = 0, experiment.eval_every or None
+  env_steps, next_eval, next_log = 0, experiment.eval_every or None, experiment.log_every
   train_start = time.perf_counter()
 
   def run_eval():
@@ -115,12 +120,14 @@ def run_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str,
     eval_rows.append(row)
 
   while env_steps < experiment.total_steps:
-    chunk = min(experiment.log_every, experiment.total_steps - env_steps)
+    chunk = min(next_log, experiment.total_steps) - env_steps
     if next_eval is not None:
-      chunk = min(chunk, max(1, next_eval - env_steps))
-    loop.run_steps(chunk)
+      chunk = min(chunk, next_eval - env_steps)
+    loop.run_steps(max(1, chunk))
     env_steps = int(loop.counter.get_counts()["steps"])
-    if env_steps % experiment.log_every == 0 or env_steps >= experiment.total_steps:
+    if env_steps >= next_log or env_steps >= experiment.total_steps:
+      while next_log <= env_steps:
+        next_log += experiment.log_every
       elapsed = time.perf_counter() - train_start - eval_s
       row = {"env_steps": env_steps, "learner_steps": agent.learner_steps,
              "wall_s": time.perf_counter() - start,

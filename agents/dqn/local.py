@@ -27,11 +27,9 @@ class LocalAgent:
     self.networks = builder.make_networks(spec, env_name)
     self.replay_buffer = builder.make_replay_buffer(spec)
     self.learner = builder.make_learner(self.networks, self.replay_buffer, learner_key)
-    self.policy = builder.make_policy(self.networks)
     adder = builder.make_adder(self.replay_buffer, num_envs or 1)
     self.actor = builder.make_actor(self.networks, self.learner, actor_key,
                                     adder=adder, num_envs=num_envs)
-    self._sampled_per_call = config.batch_size * config.num_sgd_steps_per_step
     self.learner_calls = 0  # Host-side count: no device sync to read it.
 
   # Actor interface (Acme's `core.Actor`).
@@ -58,7 +56,8 @@ class LocalAgent:
     learnable = inserted - self.config.min_replay_size
     if learnable < 0:
       return 0
-    target_calls = int(learnable * self.config.samples_per_insert // self._sampled_per_call)
+    target_calls = int(learnable * self.config.samples_per_insert
+                       // self.config.samples_per_learner_step)
     return target_calls - self.learner_calls
 
   @property
@@ -70,9 +69,19 @@ class LocalAgent:
     return self.learner.get_variables(names)
 
   def warmup(self, observation) -> None:
-    """Compiles acting, replay insertion and the learner step before timing starts."""
+    """Compiles acting, replay insertion and the learner steps before timing starts."""
     self.actor.warmup(observation)
     self.replay_buffer.warmup()
-    sampled = self.config.batch_size * self.config.num_sgd_steps_per_step
-    one_call_per_chunk = self.replay_buffer.insert_chunk * self.config.samples_per_insert == sampled
-    self.learner.warmup(with_plain_step=not one_call_per_chunk)
+    self.learner.warmup(with_plain_step=self._may_step_without_new_chunk())
+
+  def _may_step_without_new_chunk(self) -> bool:
+    """Whether a learner call can come without a fresh chunk to write.
+
+    One transition per env step (one env, n_step 1) completes chunks one at
+    a time; if a chunk is then worth exactly one learner call, every call
+    has its chunk and the plain step is never used (nor compiled).
+    """
+    c = self.config
+    one_at_a_time = c.num_envs == 1 and c.n_step == 1
+    exact = c.inserts_per_learner_step * c.samples_per_insert == c.samples_per_learner_step
+    return not (one_at_a_time and exact)
