@@ -156,7 +156,7 @@ class Learner:
     replay = replay_buffer.replay
     packer = utils.TreePacker(initial_state)
     self._packer = packer
-    self._packed = packer.pack(initial_state)
+    self._packed = jax.jit(packer.pack)(initial_state)
     self._metric_names: Tuple[str, ...] = ()
     self._metrics = None
     self._state_cache: Optional[TrainingState] = initial_state
@@ -188,7 +188,7 @@ class Learner:
 
   def warmup(self, with_plain_step: bool = True) -> None:
     """Compiles the jitted calls on copies of the state (nothing changes)."""
-    copy = lambda tree: jax.tree.map(jnp.copy, tree)
+    copy = utils.copy_tree
     buffer = self._replay_buffer
     jax.block_until_ready(self._add_and_step_fn(
         copy(self._packed), copy(buffer.state), buffer.example_chunk()))

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from acme_jax_dqn import utils
 from acme_jax_dqn.types import Transition
 
 BufferState = Any  # A flashbax buffer state pytree.
@@ -125,7 +126,7 @@ class ReplayBuffer:
     if insert_chunk < 1:
       raise ValueError(f"insert_chunk must be at least 1, got {insert_chunk}.")
     self.replay = replay
-    self.state = replay.init(jax.tree.map(jnp.asarray, example))
+    self.state = jax.jit(replay.init)(example)
     self.insert_chunk = insert_chunk
     self._staging = jax.tree.map(
         lambda x: np.zeros((2 * insert_chunk + 64, *np.shape(x)),
@@ -177,5 +178,5 @@ class ReplayBuffer:
 
   def warmup(self) -> None:
     """Compiles the jitted add on a throwaway copy of the state."""
-    state_copy = jax.tree.map(jnp.copy, self.state)
+    state_copy = utils.copy_tree(self.state)
     jax.block_until_ready(self._add(state_copy, self.example_chunk()))

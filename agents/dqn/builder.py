@@ -113,7 +113,9 @@ class DQNBuilder:
                    replay_buffer: replay_lib.ReplayBuffer,
                    key: chex.PRNGKey) -> learning.Learner:
     optimizer = self.make_optimizer()
-    state = learning.init_training_state(networks, optimizer, key)
+    # One compiled call instead of one small compilation per eager Haiku/optax op.
+    state = jax.jit(learning.init_training_state, static_argnums=(0, 1))(
+        networks, optimizer, key)
     learner_step = self.make_learner_step(networks, replay_buffer.replay, optimizer)
     return learning.Learner(learner_step, replay_buffer, state)
 

@@ -92,12 +92,12 @@ def run_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str,
   eval_csv = loggers.CSVLogger(os.path.join(experiment.logdir, "eval.csv"))
   terminal = loggers.TerminalLogger("train") if not experiment.quiet else None
 
-  # Compile everything once on dummy inputs, so compile time is measured apart.
-  compile_start = time.perf_counter()
+  # Compile everything once on dummy inputs, so compile time is measured apart:
+  # `compile_s` is all the time before the first env step (setup and compiles).
   observation = np.zeros(spec.observations.shape, spec.observations.dtype)
   agent.warmup(observation if num_envs is None else np.stack([observation] * num_envs))
   eval_actor.warmup(observation)
-  compile_s = time.perf_counter() - compile_start
+  compile_s = time.perf_counter() - start
 
   loop = loop_lib.EnvironmentLoop(environment, agent)
   eval_rows, eval_s = [], 0.0
