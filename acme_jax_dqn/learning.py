@@ -216,7 +216,11 @@ class Learner:
     return self._state_cache
 
   def metrics(self) -> Dict[str, float]:
-    """The last step's scalar metrics on the host (empty before the first step)."""
+    """The last step's scalar metrics on the host (NaN before the first step).
+
+    Names are known once the step is traced (at `warmup` or the first step);
+    before that the result is empty.
+    """
     if self._metrics is None:
-      return {}
+      return {name: float("nan") for name in self._metric_names}
     return dict(zip(self._metric_names, np.asarray(self._metrics).tolist()))

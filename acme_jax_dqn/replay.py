@@ -1,7 +1,7 @@
 """Replay on flashbax: uniform or prioritized item buffers, plus a host-side inserter.
 
-The pure part (`Replay`) is usable under jit, so the local learner, the
-compiled (anakin) trainer and a distributed replay node share it. The
+The pure part (`Replay`) is usable under jit, so the local learner and
+the planned compiled and distributed modes can share it. The
 stateful `ReplayBuffer` holds the buffer state for a Python loop and moves
 transitions to the device in fixed-size chunks, so the jitted add compiles once.
 """

@@ -53,11 +53,12 @@ def pack_metrics(metrics: Dict[str, jax.Array]) -> Tuple[Tuple[str, ...], jax.Ar
 
 
 def use_synchronous_cpu_dispatch() -> None:
-  """Runs jitted calls on the calling thread when JAX is on the CPU.
+  """Runs jitted CPU computations on the calling thread.
 
   Python loops that call small jitted functions and read their results
-  every step (acting, then stepping the env) wait ~100 us per call for the
-  hand-off to JAX's async CPU worker; running them inline removes that.
+  every step (acting, then stepping the env) otherwise wait for the
+  hand-off to JAX's async CPU worker. JAX reads this setting when it
+  creates the CPU client, so call this before the first array is made;
+  later it has no effect. It does not touch GPU or TPU execution.
   """
-  if jax.default_backend() == "cpu":
-    jax.config.update("jax_cpu_enable_async_dispatch", False)
+  jax.config.update("jax_cpu_enable_async_dispatch", False)

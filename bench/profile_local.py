@@ -4,8 +4,8 @@
   python bench/profile_local.py --num_envs=8
 
 Uses the CleanRL-matching settings of launch/configs/cartpole_local_cleanrl.cfg
-(batch 128 every 10 env steps, 120-84 MLP) with learning on from the start
-and epsilon 0.05, times each phase of the loop with perf_counter, and
+(batch 128 every 10 env steps, 120-84 MLP) with learning from 1,000 inserts
+(before the timed iterations) and epsilon 0.05, times each phase of the loop with perf_counter, and
 prints microseconds per loop iteration (one iteration = num_envs env steps).
 `--block` waits for each learner step to finish inside `update`, which shows
 that XLA runs it asynchronously and the next action selection waits for it.

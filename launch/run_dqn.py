@@ -13,7 +13,6 @@ launch_flags.define_flags()
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments {argv[1:]}: every option is a --flag.")
-  # Imported here so that `--help` and flag errors do not wait for JAX.
   from agents.dqn.config import ConfigError
   from agents.dqn.experiment import run_experiment
   try:
