@@ -62,3 +62,15 @@ def use_synchronous_cpu_dispatch() -> None:
   later it has no effect. It does not touch GPU or TPU execution.
   """
   jax.config.update("jax_cpu_enable_async_dispatch", False)
+
+
+def configure_cpu_dispatch(num_envs: int) -> None:
+  """Synchronous CPU dispatch for one env, JAX's async default for batched envs.
+
+  Measured with bench/speed.py on 2 cores: one env ran at 3,844 env steps/s
+  synchronous against 3,015-3,500 async; 8 envs at 6,616-6,671 async
+  against 5,400-5,583 synchronous (async lets host work between calls
+  overlap the learner step).
+  """
+  if num_envs == 1:
+    use_synchronous_cpu_dispatch()

@@ -30,8 +30,8 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   del argv
-  utils.use_synchronous_cpu_dispatch()
   n = FLAGS.num_envs
+  utils.configure_cpu_dispatch(n)
   config = DQNConfig(hidden_sizes=(120, 84), batch_size=128, samples_per_insert=12.8,
                      replay_capacity=10_000, min_replay_size=1_000, target_update_period=50,
                      learning_rate=2.5e-4, huber_delta=0.0, max_grad_norm=0.0,

@@ -73,7 +73,7 @@ def _recent_mean(episodes, count: int = 20) -> float:
 def run_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str, Any]:
   """Trains in local mode and returns (and writes) the summary."""
   start = time.perf_counter()
-  utils.use_synchronous_cpu_dispatch()
+  utils.configure_cpu_dispatch(config.num_envs)
   seed = experiment.seed
   num_envs = None if config.num_envs == 1 else config.num_envs
   try:  # Bad input shows up here: unknown env, actions or observations the network cannot take.
