@@ -57,7 +57,7 @@ def main(argv):
     t3 = clock()
     agent.update()
     if FLAGS.block:
-      jax.block_until_ready(agent.learner.state.steps)
+      jax.block_until_ready(agent.learner.get_variables()[0])  # Cached for the actor anyway.
     t4 = clock()
     if batched is None and timestep.last():
       timestep = env.reset()
