@@ -20,6 +20,7 @@ setuptools.setup(
         "absl-py>=2.0",
         "flashbax>=0.1.2",
         "gymnasium[classic-control]>=1.0",
+        "gymnax>=0.0.9",
         "numpy>=1.24",
     ],
     extras_require={

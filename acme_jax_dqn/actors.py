@@ -53,6 +53,17 @@ def apex_epsilons(num: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray
   return (base ** (1.0 + alpha * i / (num - 1))).astype(np.float32)
 
 
+@dataclasses.dataclass(frozen=True)
+class ConstantEpsilons:
+  """A fixed epsilon per env copy (e.g. Ape-X's), whatever the step; host or jit."""
+  epsilons: np.ndarray
+
+  def __call__(self, step):
+    if isinstance(step, (int, float, np.integer, np.floating)):
+      return self.epsilons
+    return jnp.asarray(self.epsilons)
+
+
 def make_epsilon_greedy_policy(networks: Networks) -> PolicyFn:
   """Returns `policy(params, key, observation [B, ...], epsilon) -> actions [B]`.
 

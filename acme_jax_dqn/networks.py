@@ -1,4 +1,4 @@
-"""Haiku Q-networks: MLP and Nature-DQN conv torsos; Q, dueling, C51 and dueling-C51 heads."""
+"""Haiku Q-networks: MLP, Nature-DQN and MinAtar conv torsos; Q, dueling, C51 and dueling-C51 heads."""
 
 from typing import Callable, NamedTuple, Optional, Sequence
 
@@ -11,7 +11,9 @@ import numpy as np
 from acme_jax_dqn import specs as specs_lib
 from acme_jax_dqn.types import Params
 
-TORSOS = ("auto", "mlp", "nature_conv")
+TORSOS = ("auto", "mlp", "nature_conv", "minatar_conv")
+# Images smaller than this get the small MinAtar torso under --torso=auto.
+MIN_NATURE_CONV_SIZE = 36
 
 
 class NetworkOutput(NamedTuple):
@@ -57,6 +59,19 @@ class NatureConvTorso(hk.Module):
     x = jax.nn.relu(hk.Conv2D(64, kernel_shape=3, stride=1, padding="VALID")(x))
     x = hk.Flatten()(x)
     return hk.nets.MLP(self._hidden_sizes, activate_final=True)(x)
+
+
+class MinAtarConvTorso(hk.Module):
+  """The torso of Young & Tian 2019 (MinAtar): one 3x3 conv of 16 filters, stride 1, then an MLP (128)."""
+
+  def __init__(self, hidden_sizes: Sequence[int], name: str = "minatar_conv_torso"):
+    super().__init__(name=name)
+    self._hidden_sizes = tuple(hidden_sizes)
+
+  def __call__(self, observation: chex.Array) -> chex.Array:
+    x = jax.nn.relu(hk.Conv2D(16, kernel_shape=3, stride=1, padding="VALID")(
+        observation.astype(jnp.float32)))
+    return hk.nets.MLP(self._hidden_sizes, activate_final=True)(hk.Flatten()(x))
 
 
 class QHead(hk.Module):
@@ -114,7 +129,7 @@ class CategoricalHead(hk.Module):
 
 
 def choose_torso(observation_shape: Sequence[int], torso: str) -> str:
-  """Resolves `torso` ("auto", "mlp" or "nature_conv") for an observation shape."""
+  """Resolves `torso` (one of TORSOS) for an observation shape."""
   rank = len(observation_shape)
   if torso not in TORSOS:
     raise ValueError(f"Unknown torso {torso!r}; --torso must be one of {TORSOS}.")
@@ -122,7 +137,8 @@ def choose_torso(observation_shape: Sequence[int], torso: str) -> str:
     if rank == 1:
       return "mlp"
     if rank == 3:
-      return "nature_conv"
+      small = min(observation_shape[:2]) < MIN_NATURE_CONV_SIZE
+      return "minatar_conv" if small else "nature_conv"
     raise ValueError(
         f"Observations of shape {tuple(observation_shape)} (rank {rank}) fit "
         "neither torso: the MLP takes vectors [D] and the conv torso images "
@@ -132,6 +148,11 @@ def choose_torso(observation_shape: Sequence[int], torso: str) -> str:
         f"--torso=mlp takes vector observations [D], but this environment's "
         f"observations have shape {tuple(observation_shape)}. Use "
         "--torso=nature_conv (or --torso=auto) for image observations.")
+  if torso == "minatar_conv" and rank != 3:
+    raise ValueError(
+        f"--torso=minatar_conv takes image observations [H, W, C], but this "
+        f"environment's observations have shape {tuple(observation_shape)}. "
+        "Use --torso=mlp (or --torso=auto).")
   if torso == "nature_conv":
     if rank != 3:
       raise ValueError(
@@ -139,10 +160,11 @@ def choose_torso(observation_shape: Sequence[int], torso: str) -> str:
           f"environment's observations have shape {tuple(observation_shape)}. "
           "Use --torso=mlp (or --torso=auto).")
     height, width = observation_shape[:2]
-    if min(height, width) < 36:
+    if min(height, width) < MIN_NATURE_CONV_SIZE:
       raise ValueError(
           f"--torso=nature_conv needs images of at least 36x36 pixels; these "
-          f"are {height}x{width}. Resize them (84x84 as in Nature DQN).")
+          f"are {height}x{width}. Resize them (84x84 as in Nature DQN), or use "
+          "--torso=minatar_conv (or auto) for small images such as MinAtar's.")
   return torso
 
 
@@ -168,8 +190,8 @@ def make_networks(
     num_atoms: number of atoms of the C51 support.
     v_min: lowest atom.
     v_max: highest atom.
-    torso: "auto" (MLP for vectors, Nature conv for images), "mlp" or
-      "nature_conv".
+    torso: "auto" (MLP for vectors, Nature conv for images of 36x36 or more,
+      MinAtar conv for smaller ones), "mlp", "nature_conv" or "minatar_conv".
     env_name: used in error messages only.
 
   Returns:
@@ -178,7 +200,8 @@ def make_networks(
   num_actions = specs_lib.check_discrete_actions(spec, env_name)
   observation_shape = tuple(spec.observations.shape)
   torso_name = choose_torso(observation_shape, torso)
-  torso_cls = MLPTorso if torso_name == "mlp" else NatureConvTorso
+  torso_cls = {"mlp": MLPTorso, "nature_conv": NatureConvTorso,
+               "minatar_conv": MinAtarConvTorso}[torso_name]
 
   def forward(observation: chex.Array) -> NetworkOutput:
     features = torso_cls(hidden_sizes)(observation)

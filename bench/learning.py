@@ -1,9 +1,13 @@
 """Learning benchmark: each preset x seeds through `launch.run_dqn`; prints a table.
 
   python bench/learning.py --presets=cartpole_dqn,cartpole_double_dueling,cartpole_c51,cartpole_rainbow --seeds=0,1,2
+  python bench/learning.py --mode=anakin --num_seeds=5
 
-Each run is a separate `python -m launch.run_dqn` process; the table (per
-preset and seed, then mean) is printed and written to --out as markdown.
+Local mode: each seed is a separate `python -m launch.run_dqn` process.
+Anakin mode: each preset runs once on gymnax:CartPole-v1 with all seeds
+vmapped in one program (--num_seeds), and must also keep every seed above
+--min_seed_threshold. The table (per preset and seed, then mean) is
+printed and written to --out as markdown.
 """
 
 import json
@@ -22,6 +26,10 @@ flags.DEFINE_integer("total_steps", 0, "Override the presets' budget (0: keep th
 flags.DEFINE_string("logdir", "runs/bench_learning", "Where the runs write their logs.")
 flags.DEFINE_string("out", "bench/results/learning.md", "Markdown table to write.")
 flags.DEFINE_float("threshold", 450.0, "Mean eval return a preset must reach.")
+flags.DEFINE_enum("mode", "local", ["local", "anakin"], "Run mode of the presets.")
+flags.DEFINE_integer("num_seeds", 5, "Anakin mode: seeds vmapped in one run (from seed 0).")
+flags.DEFINE_string("anakin_env", "gymnax:CartPole-v1", "Anakin mode: the JAX environment.")
+flags.DEFINE_float("min_seed_threshold", 300.0, "Anakin mode: the lowest seed must reach this.")
 FLAGS = flags.FLAGS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,8 +47,49 @@ def run_one(preset: str, seed: str) -> dict:
     return json.load(f)
 
 
+def run_anakin(preset: str) -> dict:
+  logdir = os.path.join(FLAGS.logdir, f"{preset}_anakin")
+  cmd = [sys.executable, "-m", "launch.run_dqn", f"--flagfile=launch/configs/{preset}.cfg",
+         f"--env={FLAGS.anakin_env}", "--run_mode=anakin", f"--num_seeds={FLAGS.num_seeds}",
+         "--seed=0", f"--logdir={logdir}", "--quiet"]
+  if FLAGS.total_steps:
+    cmd.append(f"--total_steps={FLAGS.total_steps}")
+  subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+  with open(os.path.join(ROOT, logdir, "summary.json")) as f:
+    return json.load(f)
+
+
+def main_anakin():
+  lines = [f"Command: `python bench/learning.py --mode=anakin --num_seeds={FLAGS.num_seeds}`",
+           "", "| preset | seed | env steps | eval return (10 ep) | wall s (all seeds, compile incl.) |",
+           "|---|---|---|---|---|"]
+  verdicts = []
+  for preset in FLAGS.presets:
+    s = run_anakin(preset)
+    for seed, value in zip(s["seeds"], s["eval_return_per_seed"]):
+      line = f"| {preset} | {seed} | {s['env_steps']} | {value:.1f} | |"
+      print(line, flush=True)
+      lines.append(line)
+    mean, low = s["eval_return_mean"], s["eval_return_min_seed"]
+    ok = mean >= FLAGS.threshold and low >= FLAGS.min_seed_threshold
+    verdicts.append(ok)
+    line = (f"| **{preset}** | mean of {s['num_seeds']} | | **{mean:.1f}**, lowest {low:.1f} "
+            f"({'pass' if ok else 'FAIL'}: mean ≥ {FLAGS.threshold:.0f}, each ≥ "
+            f"{FLAGS.min_seed_threshold:.0f}) | {s['wall_s']:.1f} |")
+    print(line, flush=True)
+    lines.append(line)
+  out = FLAGS.out.replace("learning.md", "learning_anakin.md")
+  with open(os.path.join(ROOT, out), "w") as f:
+    f.write("\n".join(lines) + "\n")
+  print(f"compared: greedy eval return of {FLAGS.num_seeds} seeds in anakin mode on "
+        f"{FLAGS.anakin_env} against mean {FLAGS.threshold} and each seed "
+        f"{FLAGS.min_seed_threshold}; {sum(verdicts)}/{len(verdicts)} presets pass. Table: {out}")
+
+
 def main(argv):
   del argv
+  if FLAGS.mode == "anakin":
+    return main_anakin()
   lines = ["| preset | seed | env steps | eval return (mean ± std, 10 ep) | wall s | sps |",
            "|---|---|---|---|---|---|"]
   verdicts = []

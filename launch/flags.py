@@ -35,7 +35,8 @@ def define_flags() -> None:
   flags.DEFINE_string("env", experiment_defaults.env,
                       "Environment PREFIX:ID, e.g. gymnasium:CartPole-v1.")
   flags.DEFINE_enum("run_mode", "local", list(RUN_MODES),
-                    "local: Python loop (anakin and distributed come later).")
+                    "local: Python loop over any environment; anakin: the whole run "
+                    "compiled on a JAX (gymnax) environment.")
   flags.DEFINE_integer("seed", 0, "Seed for parameters, exploration, replay and envs.")
   flags.DEFINE_integer("total_steps", experiment_defaults.total_steps,
                        "Environment steps to train for (all env copies counted).")
@@ -47,6 +48,11 @@ def define_flags() -> None:
   flags.DEFINE_integer("log_every", experiment_defaults.log_every,
                        "Env steps between progress lines and train.csv rows.")
   flags.DEFINE_bool("quiet", False, "No progress lines on the terminal.")
+  flags.DEFINE_integer("num_seeds", 1, "Seeds trained together in one compiled program "
+                       "(anakin mode): --seed, --seed + 1, ...")
+  flags.DEFINE_string("compilation_cache_dir", "~/.cache/acme_jax_dqn/xla",
+                      "JAX's persistent compilation cache: reruns of the same "
+                      "program skip compiling. Empty turns it off.")
   for field in dataclasses.fields(DQNConfig):
     _define_field_flag(field, docs.get(field.name, field.name))
 
@@ -81,4 +87,6 @@ def _experiment_from_flags() -> ExperimentConfig:
   return ExperimentConfig(env=FLAGS.env, run_mode=FLAGS.run_mode, seed=FLAGS.seed,
                           total_steps=FLAGS.total_steps, logdir=FLAGS.logdir,
                           eval_episodes=FLAGS.eval_episodes, eval_every=FLAGS.eval_every,
-                          log_every=FLAGS.log_every, quiet=FLAGS.quiet)
+                          log_every=FLAGS.log_every, quiet=FLAGS.quiet,
+                          num_seeds=FLAGS.num_seeds,
+                          compilation_cache_dir=FLAGS.compilation_cache_dir)

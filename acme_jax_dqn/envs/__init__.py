@@ -5,11 +5,18 @@ from typing import Optional
 import dm_env
 import gymnasium as gym
 
+from acme_jax_dqn.envs import gymnax_adapter
 from acme_jax_dqn.envs.batched import BatchedEnvironment
 from acme_jax_dqn.envs.gymnasium_adapter import GymnasiumEnvironment
+from acme_jax_dqn.envs.gymnax_adapter import GymnaxEnv, GymnaxEnvironment
 
-KNOWN_PREFIXES = ("gymnasium",)
-EXAMPLES = "gymnasium:CartPole-v1, gymnasium:Acrobot-v1, gymnasium:MountainCar-v0"
+KNOWN_PREFIXES = ("gymnasium", "gymnax")
+JAX_PREFIXES = ("gymnax",)  # Environments written in JAX: these run in anakin mode.
+EXAMPLES = ("gymnasium:CartPole-v1, gymnasium:Acrobot-v1, gymnasium:MountainCar-v0, "
+            "gymnax:CartPole-v1, gymnax:Breakout-MinAtar")
+ANAKIN_EXAMPLES = ("gymnax:CartPole-v1, gymnax:Acrobot-v1, gymnax:MountainCar-v0, "
+                   "gymnax:Breakout-MinAtar, gymnax:Asterix-MinAtar, "
+                   "gymnax:Freeway-MinAtar, gymnax:SpaceInvaders-MinAtar")
 
 
 def split_name(name: str):
@@ -40,13 +47,31 @@ def make_environment(name: str, seed: Optional[int] = None,
     num_envs: None for one unbatched environment, or a number of copies
       stepped together (timesteps with a leading env axis).
   """
-  _, env_id = split_name(name)
-  _check_gymnasium_id(env_id)
+  prefix, env_id = split_name(name)
+  if prefix == "gymnax":
+    gymnax_env = gymnax_adapter.make_gymnax(env_id)
 
-  def make_one(index: int) -> dm_env.Environment:
-    copy_seed = None if seed is None else seed + index
-    return GymnasiumEnvironment(gym.make(env_id, disable_env_checker=True), copy_seed)
+    def make_one(index: int) -> dm_env.Environment:
+      return GymnaxEnvironment(gymnax_env, None if seed is None else seed + index)
+  else:
+    _check_gymnasium_id(env_id)
+
+    def make_one(index: int) -> dm_env.Environment:
+      copy_seed = None if seed is None else seed + index
+      return GymnasiumEnvironment(gym.make(env_id, disable_env_checker=True), copy_seed)
 
   if num_envs is None:
     return make_one(0)
   return BatchedEnvironment(make_one, num_envs)
+
+
+def make_jax_environment(name: str) -> GymnaxEnv:
+  """The functional (JAX) form of `name`, for anakin mode; other names get a clear error."""
+  prefix, env_id = split_name(name)
+  if prefix not in JAX_PREFIXES:
+    raise ValueError(
+        f"--run_mode=anakin needs an environment written in JAX, and {name!r} is "
+        f"a {prefix} environment (stepped in Python). Anakin mode supports "
+        f"{', '.join(p + ':*' for p in JAX_PREFIXES)}, e.g. {ANAKIN_EXAMPLES}; "
+        f"or run {name!r} with --run_mode=local.")
+  return gymnax_adapter.make_gymnax(env_id)

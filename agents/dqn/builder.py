@@ -8,12 +8,14 @@ import numpy as np
 import optax
 
 from acme_jax_dqn import actors
+from acme_jax_dqn import anakin
 from acme_jax_dqn import adders
 from acme_jax_dqn import learning
 from acme_jax_dqn import losses
 from acme_jax_dqn import networks as networks_lib
 from acme_jax_dqn import replay as replay_lib
 from acme_jax_dqn import specs
+from acme_jax_dqn.envs.gymnax_adapter import GymnaxEnv
 from acme_jax_dqn.types import Transition
 from agents.dqn.config import DQNConfig
 
@@ -83,12 +85,32 @@ class DQNBuilder:
   def make_policy(self, networks: networks_lib.Networks) -> actors.PolicyFn:
     return actors.make_epsilon_greedy_policy(networks)
 
-  def make_epsilon_schedule(self, evaluation: bool = False) -> actors.LinearSchedule:
+  def make_epsilon_schedule(self, evaluation: bool = False, num_envs: int = 1):
+    """env steps -> epsilon: the linear schedule, or one fixed Ape-X epsilon per env copy."""
     c = self.config
     if evaluation:
       return actors.make_epsilon_schedule(c.eval_epsilon, c.eval_epsilon, 0)
+    if c.apex_epsilons:
+      return actors.ConstantEpsilons(
+          actors.apex_epsilons(num_envs, c.apex_epsilon_base, c.apex_epsilon_alpha))
     return actors.make_epsilon_schedule(c.epsilon_start, c.epsilon_end,
                                         c.epsilon_decay_steps)
+
+  def make_anakin(self, env: GymnaxEnv, networks: networks_lib.Networks,
+                  eval_episodes: int = 10) -> anakin.Anakin:
+    """The fully compiled trainer for a JAX environment, from the same pure parts."""
+    c = self.config
+    optimizer = self.make_optimizer()
+    replay = self.make_replay()
+    env_steps, learner_calls = anakin.iteration_shape(
+        c.samples_per_learner_step, c.samples_per_insert, c.num_envs)
+    return anakin.make_anakin(
+        env, networks, optimizer, self.make_learner_step(networks, replay, optimizer),
+        replay, self.make_policy(networks), self.make_epsilon_schedule(num_envs=c.num_envs),
+        num_envs=c.num_envs, n_step=c.n_step, discount=c.discount,
+        min_replay_size=c.min_replay_size, env_steps_per_iteration=env_steps,
+        learner_calls_per_iteration=learner_calls, eval_episodes=eval_episodes,
+        eval_epsilon=c.eval_epsilon)
 
   # Objects for Python-driven loops.
   def example_transition(self, spec: specs.EnvironmentSpec) -> Transition:
@@ -125,5 +147,5 @@ class DQNBuilder:
     period = 1 if evaluation else self.config.variable_update_period
     client = actors.VariableClient(variable_source, "policy", period)
     return actors.Actor(actors.make_greedy_policy(networks),
-                        self.make_epsilon_schedule(evaluation), client, key,
+                        self.make_epsilon_schedule(evaluation, num_envs or 1), client, key,
                         networks.num_actions, adder=adder, num_envs=num_envs)

@@ -22,7 +22,7 @@ class DQNConfig:
     v_min: lowest atom of the C51 support.
     v_max: highest atom of the C51 support.
     hidden_sizes: MLP layer sizes (after the convolutions for image torsos).
-    torso: "auto" (MLP for vectors, Nature conv for images), "mlp" or "nature_conv".
+    torso: "auto" (MLP for vectors, Nature conv for images, MinAtar conv for images under 36x36), "mlp", "nature_conv" or "minatar_conv".
     huber_delta: Huber loss threshold; 0 uses the squared loss 0.5 * td**2.
     learning_rate: Adam step size (initial value when a schedule is set).
     learning_rate_schedule: "constant", "linear" or "cosine" decay over learner steps.
@@ -48,6 +48,9 @@ class DQNConfig:
     epsilon_end: exploration epsilon after the decay.
     epsilon_decay_steps: env steps of the linear epsilon decay.
     eval_epsilon: epsilon of the evaluation policy (0 is greedy).
+    apex_epsilons: one fixed epsilon per env copy, base ** (1 + alpha * i / (N - 1)) (Horgan et al. 2018), instead of the linear schedule.
+    apex_epsilon_base: base of the Ape-X epsilons (0.4 in the paper).
+    apex_epsilon_alpha: alpha of the Ape-X epsilons (7 in the paper).
     variable_update_period: actor calls (one per batch of env copies) between parameter pulls.
     num_envs: environment copies stepped together by one actor.
   """
@@ -86,6 +89,9 @@ class DQNConfig:
   epsilon_end: float = 0.05
   epsilon_decay_steps: int = 10_000
   eval_epsilon: float = 0.0
+  apex_epsilons: bool = False
+  apex_epsilon_base: float = 0.4
+  apex_epsilon_alpha: float = 7.0
   variable_update_period: int = 1
   num_envs: int = 1
 
@@ -139,7 +145,7 @@ def _check(c: DQNConfig) -> None:
                "importance_sampling_anneal_steps"):
     if getattr(c, name) < 0:
       _fail(name, getattr(c, name), "must be 0 (off) or a positive number of steps.")
-  for name in ("epsilon_start", "epsilon_end", "eval_epsilon",
+  for name in ("epsilon_start", "epsilon_end", "eval_epsilon", "apex_epsilon_base",
                "importance_sampling_exponent", "importance_sampling_exponent_end"):
     if not 0.0 <= getattr(c, name) <= 1.0:
       _fail(name, getattr(c, name), "must lie in [0, 1].")
@@ -167,6 +173,8 @@ def _check(c: DQNConfig) -> None:
           "--target_update_period=1 is Polyak averaging.")
   if not 0.0 <= c.priority_exponent <= 1.0:
     _fail("priority_exponent", c.priority_exponent, "must lie in [0, 1] (0.6 is usual).")
+  if c.apex_epsilon_alpha < 0:
+    _fail("apex_epsilon_alpha", c.apex_epsilon_alpha, "must be 0 or positive (7 in Ape-X).")
   if not c.priority_epsilon > 0:
     _fail("priority_epsilon", c.priority_epsilon, "must be positive.")
   if c.torso not in TORSOS:

@@ -17,7 +17,7 @@ from acme_jax_dqn import utils
 from agents.dqn.config import ConfigError, DQNConfig
 from agents.dqn.local import LocalAgent
 
-RUN_MODES = ("local",)
+RUN_MODES = ("local", "anakin")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +26,8 @@ class ExperimentConfig:
 
   Attributes:
     env: environment name, `prefix:id`.
-    run_mode: "local" (Python loop; later "anakin" and "distributed").
+    run_mode: "local" (Python loop over any dm_env environment) or "anakin"
+      (the whole run compiled on a JAX environment, agents/dqn/anakin.py).
     seed: seeds parameters, exploration, replay sampling and environments.
     total_steps: environment steps to train for (all env copies counted).
     logdir: where train.csv, eval.csv and summary.json go.
@@ -34,6 +35,10 @@ class ExperimentConfig:
     eval_every: env steps between evaluations (0: only at the end).
     log_every: env steps between progress lines and train.csv rows.
     quiet: no progress lines on the terminal.
+    num_seeds: seeds trained at once in one compiled program (anakin mode):
+      seed, seed + 1, ..., seed + num_seeds - 1.
+    compilation_cache_dir: JAX's persistent compilation cache ("" is off):
+      reruns of the same program load it instead of compiling.
   """
   env: str = "gymnasium:CartPole-v1"
   run_mode: str = "local"
@@ -44,6 +49,8 @@ class ExperimentConfig:
   eval_every: int = 0
   log_every: int = 5_000
   quiet: bool = False
+  num_seeds: int = 1
+  compilation_cache_dir: str = ""
 
   def __post_init__(self):
     if self.run_mode not in RUN_MODES:
@@ -56,6 +63,13 @@ class ExperimentConfig:
       raise ValueError("--eval_every must be 0 or positive and --log_every positive.")
     if self.seed < 0:
       raise ValueError(f"--seed={self.seed}: must be 0 or positive.")
+    if self.num_seeds < 1:
+      raise ValueError(f"--num_seeds={self.num_seeds}: must be at least 1.")
+    if self.num_seeds > 1 and self.run_mode != "anakin":
+      raise ValueError(
+          f"--num_seeds={self.num_seeds} trains seeds together in one compiled "
+          "program, which needs --run_mode=anakin (and a gymnax environment); in "
+          "local mode run one seed per process with --seed.")
 
 
 def evaluate(environment, actor, episodes: int) -> List[float]:
@@ -71,7 +85,41 @@ def _recent_mean(episodes, count: int = 20) -> float:
 
 
 def run_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str, Any]:
-  """Trains in local mode and returns (and writes) the summary."""
+  """Trains in the experiment's run mode and returns (and writes) the summary."""
+  utils.enable_compilation_cache(experiment.compilation_cache_dir)
+  if experiment.run_mode == "anakin":
+    from agents.dqn.anakin import run_anakin_experiment  # Imports gymnax only when asked.
+    return run_anakin_experiment(experiment, config)
+  return run_local_experiment(experiment, config)
+
+
+def base_summary(experiment: ExperimentConfig, config: DQNConfig, *, env_steps: int,
+                 learner_steps: int, wall_s: float, compile_s: float, eval_s: float,
+                 final_eval: Dict[str, Any]) -> Dict[str, Any]:
+  """The summary.json fields every run mode writes (a public contract: add, never rename)."""
+  return {
+      "env": experiment.env,
+      "run_mode": experiment.run_mode,
+      "seed": experiment.seed,
+      "env_steps": env_steps,
+      "learner_steps": learner_steps,
+      "wall_s": wall_s,
+      "compile_s": compile_s,
+      "eval_s": eval_s,
+      "sps": env_steps / wall_s,
+      "sps_after_compile": env_steps / (wall_s - compile_s),
+      "eval_return_mean": final_eval["eval_return_mean"],
+      "eval_return_std": final_eval["eval_return_std"],
+      "eval_episodes": final_eval["eval_episodes"],
+      "config": dataclasses.asdict(config),
+      "experiment": dataclasses.asdict(experiment),
+      "versions": {"jax": jax.__version__, "python": platform.python_version()},
+      "backend": jax.default_backend(),
+  }
+
+
+def run_local_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str, Any]:
+  """Trains in local mode (Python loop) and returns (and writes) the summary."""
   start = time.perf_counter()
   utils.configure_cpu_dispatch(config.num_envs)
   seed = experiment.seed
@@ -147,27 +195,10 @@ def run_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str,
   train_csv.close()
   eval_csv.close()
 
-  final = eval_rows[-1]
-  summary = {
-      "env": experiment.env,
-      "run_mode": experiment.run_mode,
-      "seed": seed,
-      "env_steps": env_steps,
-      "learner_steps": agent.learner_steps,
-      "wall_s": wall_s,
-      "compile_s": compile_s,
-      "eval_s": eval_s,
-      "sps": env_steps / wall_s,
-      "sps_after_compile": env_steps / (wall_s - compile_s),
-      "eval_return_mean": final["eval_return_mean"],
-      "eval_return_std": final["eval_return_std"],
-      "eval_episodes": final["eval_episodes"],
-      "train_episodes": len(loop.episodes),
-      "train_return_recent": _recent_mean(loop.episodes),
-      "config": dataclasses.asdict(config),
-      "experiment": dataclasses.asdict(experiment),
-      "versions": {"jax": jax.__version__, "python": platform.python_version()},
-      "backend": jax.default_backend(),
-  }
+  summary = base_summary(experiment, config, env_steps=env_steps,
+                         learner_steps=agent.learner_steps, wall_s=wall_s,
+                         compile_s=compile_s, eval_s=eval_s, final_eval=eval_rows[-1])
+  summary.update(train_episodes=len(loop.episodes),
+                 train_return_recent=_recent_mean(loop.episodes))
   loggers.write_json_atomic(os.path.join(experiment.logdir, "summary.json"), summary)
   return summary

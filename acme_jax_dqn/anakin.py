@@ -1,0 +1,293 @@
+"""Anakin: act, step, store, learn and update the target inside one compiled program.
+
+For environments written in JAX (gymnax) the whole training loop is a
+`lax.scan` under `jit`: epsilon-greedy actions for `num_envs` copies
+(vmapped), the environment step with auto-reset, n-step transitions into a
+flashbax buffer on the device, learner steps at a fixed samples-per-insert
+ratio, and the target update. Every piece is the kit's own pure function
+(the same `learner_step` the local `Learner` jits, the same policy, the
+same replay), so each DQN variant runs here unchanged.
+
+The program is pure in one seed's state; callers vmap it over seeds.
+Training runs in chunks (`train_chunk`): one compiled call per chunk, so
+metrics leave the device once per chunk and the host can print progress,
+as in Stoix's anakin systems; a run of one chunk is one call.
+"""
+
+from typing import Any, Callable, Dict, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+
+from acme_jax_dqn import learning
+from acme_jax_dqn import replay as replay_lib
+from acme_jax_dqn.actors import PolicyFn
+from acme_jax_dqn.envs.gymnax_adapter import GymnaxEnv
+from acme_jax_dqn.networks import Networks
+from acme_jax_dqn.types import TrainingState, Transition
+
+
+class NStepWindow(NamedTuple):
+  """The last n env steps of every copy, oldest first: leaves [n, E, ...].
+
+  `env_discount` is 0 on a termination and 1 otherwise; `end` marks the
+  last step of an episode (terminated or truncated); `next_observation`
+  is the true next observation (the final one at an episode end, not the
+  auto-reset one).
+  """
+  observation: chex.Array
+  action: chex.Array
+  reward: chex.Array
+  env_discount: chex.Array
+  end: chex.Array
+  next_observation: chex.Array
+
+
+class AnakinState(NamedTuple):
+  """One seed's whole training state: learner, replay, environments and counters."""
+  learner: TrainingState
+  buffer: replay_lib.BufferState
+  env_state: Any  # gymnax states, leaves [E, ...].
+  observation: chex.Array  # [E, ...]
+  window: NStepWindow
+  episode_return: chex.Array  # [E] return of the running episode.
+  env_steps: chex.Array  # int32: env steps of this seed, all copies counted.
+  key: chex.PRNGKey  # Exploration and environment randomness.
+
+
+class StepStats(NamedTuple):
+  return_sum: chex.Array  # Sum of the returns of episodes that ended this step.
+  episodes: chex.Array  # How many ended.
+
+
+def nstep_transition(window: NStepWindow, discount: float) -> Transition:
+  """The n-step transition that starts at the window's oldest step, for every copy.
+
+  The return sums gamma^k r_k up to the first episode end inside the
+  window; the bootstrap multiplier is gamma^(m+1) times the env discount of
+  that last step m (0 after a termination, so truncation keeps
+  bootstrapping), and `next_observation` is the observation after step m.
+  This equals what the local `NStepTransitionAdder` writes for that step.
+  """
+  n = window.reward.shape[0]
+  ended = window.end.astype(jnp.float32)  # [n, E]
+  # alive[k] = 1 while no episode ended before step k.
+  alive = jnp.cumprod(jnp.concatenate([jnp.ones_like(ended[:1]), 1.0 - ended[:-1]]), axis=0)
+  powers = discount ** jnp.arange(n, dtype=jnp.float32)
+  reward = jnp.sum(powers[:, None] * alive * window.reward, axis=0)
+  is_last = alive * jnp.maximum(ended, (jnp.arange(n) == n - 1)[:, None])  # One-hot in k.
+  last = jnp.argmax(is_last, axis=0)  # [E]
+  env_discount = jnp.take_along_axis(window.env_discount, last[None], axis=0)[0]
+  bootstrap = discount ** (last.astype(jnp.float32) + 1.0) * env_discount
+  take = lambda x: jnp.take_along_axis(
+      x, last.reshape((1, -1) + (1,) * (x.ndim - 2)), axis=0)[0]
+  return Transition(observation=window.observation[0], action=window.action[0],
+                    reward=reward, discount=bootstrap,
+                    next_observation=take(window.next_observation))
+
+
+class Anakin(NamedTuple):
+  """The pure functions of the compiled trainer (one seed; vmap them over seeds).
+
+  Attributes:
+    init: key -> AnakinState (params, empty replay, reset environments,
+      and `fill_steps` env steps that fill the n-step window).
+    train_chunk: (state, first_iteration, num_iterations) -> (state, metrics);
+      each iteration is `env_steps_per_iteration` env steps, then, once
+      replay holds `min_replay_size` transitions, `learner_calls_per_iteration`
+      learner steps. `first_iteration` counts the iterations run before (an
+      int32, not vmapped over seeds); `num_iterations` is static (one
+      compilation per value).
+    evaluate: (params, key) -> returns [eval_episodes] of the greedy policy.
+    learn: state -> (state, metrics); the learner calls of one iteration.
+    learner_step: the kit's `learner_step(state, buffer)`, shared with the local Learner.
+  """
+  init: Callable[[chex.PRNGKey], AnakinState]
+  train_chunk: Callable[..., Any]
+  evaluate: Callable[[Any, chex.PRNGKey], chex.Array]
+  learn: Callable[[AnakinState], Any]
+  learner_step: learning.LearnerStepFn
+  fill_steps: int
+  env_steps_per_iteration: int
+  learner_calls_per_iteration: int
+
+
+def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTransformation,
+                learner_step: learning.LearnerStepFn, replay: replay_lib.Replay,
+                policy: PolicyFn, epsilon_fn: Callable[[chex.Array], chex.Array],
+                *, num_envs: int, n_step: int, discount: float, min_replay_size: int,
+                env_steps_per_iteration: int, learner_calls_per_iteration: int,
+                eval_episodes: int, eval_epsilon: float = 0.0) -> Anakin:
+  """Builds the compiled trainer from the kit's pure parts.
+
+  Args:
+    env: the gymnax environment.
+    networks, optimizer: as for the local learner (the optimizer initialises
+      the TrainingState).
+    learner_step: `learner_step(training_state, buffer_state)`, e.g.
+      `DQNBuilder.make_learner_step`; the same function the local Learner runs.
+    replay: the kit's pure replay functions (flashbax).
+    policy: `policy(params, key, observations [E, ...], epsilon)`.
+    epsilon_fn: env steps (int32) -> epsilon, a scalar or one per copy [E].
+    num_envs: environment copies stepped together (vmapped).
+    n_step, discount: the n-step return.
+    min_replay_size: transitions in replay before the first learner step.
+    env_steps_per_iteration, learner_calls_per_iteration: the
+      samples-per-insert ratio as whole numbers: every iteration steps all
+      copies this many times, then takes that many learner steps.
+    eval_episodes: greedy episodes per evaluation (run in parallel).
+    eval_epsilon: epsilon of the evaluation policy.
+  """
+  genv, params = env.env, env.params
+  obs_spec = env.spec.observations
+  obs_shape, obs_dtype = tuple(obs_spec.shape), obs_spec.dtype
+  E = num_envs
+  fill_steps = n_step - 1  # Env steps (in `init`) before the first full n-step window.
+
+  def example_transition() -> Transition:
+    obs = jnp.zeros(obs_shape, obs_dtype)
+    return Transition(obs, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32),
+                      jnp.zeros((), jnp.float32), obs)
+
+  def env_step(state: AnakinState):
+    """All copies act and step once; returns the state, the emitted transitions [E] and stats."""
+    key, act_key, step_key = jax.random.split(state.key, 3)
+    epsilon = epsilon_fn(state.env_steps)
+    action = policy(state.learner.online_params, act_key, state.observation, epsilon)
+    next_obs, env_state, reward, terminated, truncated, info = jax.vmap(
+        genv.step, in_axes=(0, 0, 0, None))(jax.random.split(step_key, E),
+                                            state.env_state, action, params)
+    reward = reward.astype(jnp.float32)
+    end = jnp.logical_or(terminated, truncated)
+    entry = NStepWindow(state.observation, action, reward,
+                        1.0 - terminated.astype(jnp.float32), end,
+                        info["final_observation"].astype(obs_dtype))
+    window = jax.tree.map(lambda w, x: jnp.concatenate([w[1:], x[None]]),
+                          state.window, entry)
+    transition = nstep_transition(window, discount)
+    episode_return = state.episode_return + reward
+    stats = StepStats(jnp.sum(jnp.where(end, episode_return, 0.0)),
+                      jnp.sum(end.astype(jnp.float32)))
+    state = state._replace(env_state=env_state, observation=next_obs.astype(obs_dtype),
+                           window=window, episode_return=jnp.where(end, 0.0, episode_return),
+                           env_steps=state.env_steps + E, key=key)
+    return state, transition, stats
+
+  def step_and_store(state: AnakinState, _):
+    state, transition, stats = env_step(state)
+    return state._replace(buffer=replay.add(state.buffer, transition)), stats
+
+  def init(key):
+    """Fresh parameters, empty replay, reset environments; then n - 1 steps fill the window."""
+    learner_key, env_key, key = jax.random.split(key, 3)
+    learner_state = learning.init_training_state(networks, optimizer, learner_key)
+    observation, env_state = jax.vmap(genv.reset, in_axes=(0, None))(
+        jax.random.split(env_key, E), params)
+    zeros = lambda shape, dtype: jnp.zeros((n_step, E) + shape, dtype)
+    window = NStepWindow(zeros(obs_shape, obs_dtype), zeros((), jnp.int32),
+                         zeros((), jnp.float32), zeros((), jnp.float32),
+                         zeros((), jnp.bool_), zeros(obs_shape, obs_dtype))
+    state = AnakinState(learner=learner_state, buffer=replay.init(example_transition()),
+                        env_state=env_state, observation=observation.astype(obs_dtype),
+                        window=window, episode_return=jnp.zeros((E,), jnp.float32),
+                        env_steps=jnp.zeros((), jnp.int32), key=key)
+    if fill_steps:  # Until the window is full its oldest entries are not real steps.
+      state = jax.lax.fori_loop(0, fill_steps, lambda _, s: env_step(s)[0], state)
+    return state
+
+  def learn_once(state: AnakinState, _):
+    learner_state, buffer, metrics = learner_step(state.learner, state.buffer)
+    return state._replace(learner=learner_state, buffer=buffer), metrics
+
+  def learn(state: AnakinState):
+    if learner_calls_per_iteration == 1:
+      return learn_once(state, None)
+    state, metrics = jax.lax.scan(learn_once, state, None, length=learner_calls_per_iteration)
+    return state, jax.tree.map(jnp.mean, metrics)
+
+  metric_shapes = jax.eval_shape(lambda s: learn(s)[1], jax.eval_shape(init, jax.random.PRNGKey(0)))
+
+  def skip_learning(state: AnakinState):
+    return state, jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), metric_shapes)
+
+  inserts_per_iteration = env_steps_per_iteration * E
+
+  def iteration(state: AnakinState, index: chex.Array):
+    if env_steps_per_iteration == 1:
+      state, stats = step_and_store(state, None)
+    else:
+      state, stats = jax.lax.scan(step_and_store, state, None, length=env_steps_per_iteration)
+      stats = jax.tree.map(jnp.sum, stats)
+    # Learning starts once replay holds `min_replay_size` transitions. The
+    # test reads the iteration index, which is the same for every seed: a
+    # predicate batched by vmap would turn the cond into a select that
+    # always runs the learner.
+    learning_now = (index + 1) * inserts_per_iteration >= min_replay_size
+    state, metrics = jax.lax.cond(learning_now, learn, skip_learning, state)
+    return state, (stats, metrics, learning_now.astype(jnp.float32))
+
+  def train_chunk(state: AnakinState, first_iteration: chex.Array, num_iterations: int):
+    indices = first_iteration + jnp.arange(num_iterations, dtype=jnp.int32)
+    state, (stats, metrics, learned) = jax.lax.scan(iteration, state, indices)
+    count = jnp.sum(learned)
+    # Learner metrics averaged over the iterations that learned (NaN if none did).
+    out: Dict[str, chex.Array] = jax.tree.map(
+        lambda m: jnp.where(count > 0, jnp.sum(m * learned) / jnp.maximum(count, 1.0),
+                            jnp.nan), metrics)
+    out["episode_return_sum"] = jnp.sum(stats.return_sum)
+    out["episodes"] = jnp.sum(stats.episodes)
+    out["epsilon"] = jnp.mean(epsilon_fn(state.env_steps))
+    out["env_steps"] = state.env_steps
+    out["learner_steps"] = state.learner.steps
+    return state, out
+
+  greedy_epsilon = jnp.float32(eval_epsilon)
+
+  def evaluate(online_params, key):
+    """`eval_episodes` episodes in parallel until each has ended once (or the time limit)."""
+    reset_key, key = jax.random.split(key)
+    observation, env_state = jax.vmap(genv.reset, in_axes=(0, None))(
+        jax.random.split(reset_key, eval_episodes), params)
+    zeros = jnp.zeros((eval_episodes,), jnp.float32)
+    carry = (observation, env_state, zeros, jnp.zeros((eval_episodes,), jnp.bool_),
+             jnp.zeros((), jnp.int32), key)
+
+    def not_done(carry):
+      return jnp.logical_and(~jnp.all(carry[3]), carry[4] < env.max_episode_steps)
+
+    def body(carry):
+      observation, env_state, returns, done, t, key = carry
+      key, act_key, step_key = jax.random.split(key, 3)
+      action = policy(online_params, act_key, observation, greedy_epsilon)
+      observation, env_state, reward, terminated, truncated, _ = jax.vmap(
+          genv.step, in_axes=(0, 0, 0, None))(
+              jax.random.split(step_key, eval_episodes), env_state, action, params)
+      returns = returns + jnp.where(done, 0.0, reward.astype(jnp.float32))
+      done = done | terminated | truncated
+      return observation, env_state, returns, done, t + 1, key
+
+    return jax.lax.while_loop(not_done, body, carry)[2]
+
+  return Anakin(init=init, train_chunk=train_chunk, evaluate=evaluate, learn=learn,
+                learner_step=learner_step, fill_steps=fill_steps,
+                env_steps_per_iteration=env_steps_per_iteration,
+                learner_calls_per_iteration=learner_calls_per_iteration)
+
+
+def iteration_shape(samples_per_learner_step: int, samples_per_insert: float,
+                    num_envs: int) -> tuple:
+  """(env steps, learner calls) per iteration that keep samples per insert near the target.
+
+  Each env step inserts `num_envs` transitions and each learner call samples
+  `samples_per_learner_step`; the ratio is rounded to whole numbers, and
+  the caller reports the ratio actually kept.
+  """
+  env_steps_per_call = samples_per_learner_step / samples_per_insert / num_envs
+  if env_steps_per_call >= 1:
+    return max(1, round(env_steps_per_call)), 1
+  return 1, max(1, round(1.0 / env_steps_per_call))
+
+
+

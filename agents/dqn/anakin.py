@@ -1,0 +1,177 @@
+"""Anakin mode: the compiled trainer driven chunk by chunk, with the local mode's logs and summary.
+
+`run_anakin_experiment` builds `acme_jax_dqn.anakin` from the `DQNBuilder`,
+vmaps it over `num_seeds` seeds, compiles the init and the training chunk
+ahead of time (that is `compile_s`; the evaluation compiles in a
+background thread while training runs), then runs the chunks: each is one
+call on the device, after which one row of metrics comes back for the
+terminal and train.csv.
+"""
+
+import concurrent.futures
+import functools
+import math
+import os
+import time
+from typing import Any, Dict, List
+
+import jax
+import numpy as np
+
+from acme_jax_dqn import anakin as anakin_lib
+from acme_jax_dqn import envs
+from acme_jax_dqn import loggers
+from agents.dqn.builder import DQNBuilder
+from agents.dqn.config import ConfigError, DQNConfig
+from agents.dqn.experiment import ExperimentConfig, base_summary
+
+
+class AnakinPlan:
+  """How a budget of env steps splits into prefill, chunks and iterations (all static)."""
+
+  def __init__(self, trainer: anakin_lib.Anakin, config: DQNConfig,
+               experiment: ExperimentConfig):
+    E = config.num_envs
+    self.steps_per_iteration = trainer.env_steps_per_iteration * E
+    self.fill_env_steps = trainer.fill_steps * E
+    iterations = (experiment.total_steps - self.fill_env_steps) // self.steps_per_iteration
+    if iterations < 1:
+      raise ConfigError(
+          f"--total_steps={experiment.total_steps} is less than one training "
+          f"iteration ({self.steps_per_iteration} env steps with --num_envs={E}). "
+          "Raise --total_steps.")
+    period = experiment.log_every
+    if experiment.eval_every:
+      period = min(period, experiment.eval_every)
+    per_chunk = max(1, period // self.steps_per_iteration)
+    # Chunks of one length (one compilation); the budget is never exceeded.
+    self.num_chunks = max(1, round(iterations / per_chunk))
+    self.iterations_per_chunk = iterations // self.num_chunks
+    self.env_steps = (self.fill_env_steps
+                      + self.num_chunks * self.iterations_per_chunk * self.steps_per_iteration)
+
+
+def _compile_in_background(lowered) -> concurrent.futures.Future:
+  executor = concurrent.futures.ThreadPoolExecutor(1)
+  future = executor.submit(lowered.compile)
+  executor.shutdown(wait=False)
+  return future
+
+
+def _mean(values) -> float:
+  return float(np.mean(np.asarray(values, np.float64)))
+
+
+def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str, Any]:
+  """Trains `num_seeds` seeds in one compiled program; writes the local mode's files."""
+  start = time.perf_counter()
+  try:  # Bad input: a non-JAX env, an unknown id, actions or observations the network cannot take.
+    env = envs.make_jax_environment(experiment.env)
+    builder = DQNBuilder(config)
+    networks = builder.make_networks(env.spec, experiment.env)
+  except ValueError as error:
+    raise ConfigError(str(error)) from error
+  trainer = builder.make_anakin(env, networks, experiment.eval_episodes)
+  plan = AnakinPlan(trainer, config, experiment)
+  num_seeds = experiment.num_seeds
+  seeds = [experiment.seed + i for i in range(num_seeds)]
+
+  train_keys = np.stack([np.asarray(jax.random.PRNGKey(s)) for s in seeds])
+  # Evaluation has its own stream per seed (as local mode's eval env seed + 1e6).
+  eval_keys = np.stack([np.asarray(jax.random.PRNGKey(s + 1_000_000)) for s in seeds])
+  init = jax.jit(jax.vmap(trainer.init))
+  state_shape = jax.eval_shape(init, train_keys)
+  chunk_fn = jax.vmap(functools.partial(trainer.train_chunk,
+                                        num_iterations=plan.iterations_per_chunk),
+                      in_axes=(0, None))
+  # The evaluation is not needed before the first chunk ends: compile it meanwhile.
+  evaluate_future = _compile_in_background(
+      jax.jit(jax.vmap(trainer.evaluate)).lower(state_shape.learner.online_params, eval_keys))
+  train_chunk = jax.jit(chunk_fn, donate_argnums=0).lower(
+      state_shape, np.int32(0)).compile()
+  state = init(train_keys)
+  jax.block_until_ready(state)
+  # `compile_s`: all the time before the first env step of training
+  # (the n-step window fill in `init` is a few steps).
+  compile_s = time.perf_counter() - start
+
+  os.makedirs(experiment.logdir, exist_ok=True)
+  train_csv = loggers.CSVLogger(os.path.join(experiment.logdir, "train.csv"))
+  eval_csv = loggers.CSVLogger(os.path.join(experiment.logdir, "eval.csv"))
+  terminal = None if experiment.quiet else loggers.TerminalLogger("train")
+  eval_rows: List[Dict[str, Any]] = []
+  eval_s = 0.0
+  train_start = time.perf_counter()
+
+  def run_eval(env_steps: int, learner_steps: int, eval_index: int):
+    nonlocal eval_s
+    eval_start = time.perf_counter()
+    keys = jax.vmap(lambda k: jax.random.fold_in(k, eval_index))(eval_keys)
+    returns = np.asarray(evaluate_future.result()(state.learner.online_params, keys),
+                         np.float64)
+    eval_s += time.perf_counter() - eval_start
+    per_seed = returns.mean(axis=1)
+    row = {"env_steps": env_steps, "learner_steps": learner_steps,
+           "wall_s": time.perf_counter() - start,
+           "eval_return_mean": float(per_seed.mean()),
+           "eval_return_std": float(returns.std()),
+           "eval_episodes": int(returns.shape[1]),
+           "eval_return_min_seed": float(per_seed.min()),
+           **{f"eval_return_seed{s}": float(r) for s, r in zip(seeds, per_seed)}}
+    eval_csv.write(row)
+    if terminal:
+      loggers.TerminalLogger("eval").write(row)
+    eval_rows.append({**row, "eval_return_per_seed": per_seed.tolist()})
+
+  next_eval = experiment.eval_every or None
+  learner_steps, last_row = 0, {}
+  for chunk in range(1, plan.num_chunks + 1):
+    state, metrics = train_chunk(state, np.int32((chunk - 1) * plan.iterations_per_chunk))
+    metrics = jax.device_get(metrics)  # One transfer per chunk, [num_seeds] each.
+    env_steps = int(metrics.pop("env_steps")[0])
+    learner_steps = int(metrics.pop("learner_steps")[0])
+    episodes = metrics.pop("episodes")
+    return_sum = metrics.pop("episode_return_sum")
+    with np.errstate(invalid="ignore", divide="ignore"):
+      returns = np.where(episodes > 0, return_sum / np.maximum(episodes, 1), np.nan)
+    elapsed = time.perf_counter() - train_start - eval_s
+    last_row = {"env_steps": env_steps, "learner_steps": learner_steps,
+                "wall_s": time.perf_counter() - start,
+                "sps": env_steps / max(elapsed, 1e-9),
+                "episodes": int(episodes.sum()),
+                "return_recent": float(np.nanmean(returns)) if np.any(episodes) else math.nan,
+                **{name: _mean(value) for name, value in metrics.items()}}
+    train_csv.write(last_row)
+    if terminal:
+      terminal.write(last_row)
+    if next_eval is not None and env_steps >= next_eval:
+      run_eval(env_steps, learner_steps, len(eval_rows))
+      while next_eval <= env_steps:
+        next_eval += experiment.eval_every
+  if not eval_rows or eval_rows[-1]["env_steps"] != plan.env_steps:
+    run_eval(plan.env_steps, learner_steps, len(eval_rows))
+  wall_s = time.perf_counter() - start
+  train_csv.close()
+  eval_csv.close()
+
+  final = eval_rows[-1]
+  summary = base_summary(experiment, config, env_steps=plan.env_steps,
+                         learner_steps=learner_steps, wall_s=wall_s, compile_s=compile_s,
+                         eval_s=eval_s, final_eval=final)
+  learn_env_steps = plan.env_steps - plan.fill_env_steps - config.min_replay_size
+  summary.update(
+      train_return_recent=last_row.get("return_recent", math.nan),
+      num_seeds=num_seeds,
+      seeds=seeds,
+      eval_return_per_seed=final["eval_return_per_seed"],
+      eval_return_min_seed=final["eval_return_min_seed"],
+      env_steps_all_seeds=plan.env_steps * num_seeds,
+      sps_all_seeds=plan.env_steps * num_seeds / wall_s,
+      sps_after_compile_all_seeds=plan.env_steps * num_seeds / (wall_s - compile_s),
+      env_steps_per_iteration=plan.steps_per_iteration,
+      learner_calls_per_iteration=trainer.learner_calls_per_iteration,
+      samples_per_insert_effective=(learner_steps * config.batch_size
+                                    / max(learn_env_steps, 1)),
+  )
+  loggers.write_json_atomic(os.path.join(experiment.logdir, "summary.json"), summary)
+  return summary

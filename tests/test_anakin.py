@@ -1,0 +1,215 @@
+"""Anakin mode: n-step targets equal the local adder's, the learner step is the local learner's,
+runs are deterministic per seed and differ across seeds, a short run learns, bad input is named."""
+
+import json
+import os
+import subprocess
+import sys
+
+import dm_env
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from acme_jax_dqn import anakin
+from acme_jax_dqn import envs
+from acme_jax_dqn import specs
+from acme_jax_dqn.adders import NStepTransitionAdder
+from acme_jax_dqn.types import Transition
+from agents.dqn.builder import DQNBuilder
+from agents.dqn.config import DQNConfig
+from agents.dqn.experiment import ExperimentConfig, run_experiment
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GAMMA = 0.9
+
+
+def _random_streams(rng, num_envs, steps):
+  """Per env and step: obs, action, reward, terminated, truncated, next obs (gymnax style)."""
+  obs = rng.normal(size=(steps + 1, num_envs)).astype(np.float32)
+  final = rng.normal(size=(steps, num_envs)).astype(np.float32)  # Last obs at an episode end.
+  terminated = rng.random((steps, num_envs)) < 0.12
+  truncated = ~terminated & (rng.random((steps, num_envs)) < 0.08)
+  end = terminated | truncated
+  next_obs = np.where(end, final, obs[1:])
+  return (obs[:-1], rng.integers(0, 3, (steps, num_envs)), rng.normal(size=(steps, num_envs)),
+          terminated, truncated, next_obs)
+
+
+def _local_transitions(stream, env, n_step):
+  """The local adder fed the dm_env view of one env's stream (LAST, then a FIRST restart)."""
+  obs, action, reward, terminated, truncated, next_obs = stream
+  out = {}
+
+  def sink(t: Transition):
+    for i in range(len(t.action)):
+      out[float(t.observation[i, 0])] = tuple(float(np.ravel(x[i])[0]) for x in t)
+
+  adder = NStepTransitionAdder(sink, n_step, GAMMA, num_envs=1)
+  ts = lambda step_type, r, d, o: dm_env.TimeStep(
+      np.array([step_type]), np.array([r], np.float32), np.array([d], np.float32),
+      np.array([[o]], np.float32))
+  adder.add_first(ts(dm_env.StepType.FIRST, 0.0, 1.0, obs[0, env]))
+  for t in range(len(action)):
+    ended = terminated[t, env] or truncated[t, env]
+    step_type = dm_env.StepType.LAST if ended else dm_env.StepType.MID
+    adder.add(np.array([action[t, env]]),
+              ts(step_type, reward[t, env], 0.0 if terminated[t, env] else 1.0, next_obs[t, env]))
+    if ended and t + 1 < len(action):
+      adder.add(np.array([0]), ts(dm_env.StepType.FIRST, 0.0, 1.0, obs[t + 1, env]))
+  return out
+
+
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_nstep_window_writes_what_the_local_adder_writes(n_step):
+  rng = np.random.default_rng(n_step)
+  num_envs, steps = 4, 60
+  stream = _random_streams(rng, num_envs, steps)
+  obs, action, reward, terminated, truncated, next_obs = stream
+  emit = jax.jit(anakin.nstep_transition, static_argnums=1)
+  window = None
+  compared = 0
+  for t in range(steps):
+    entry = anakin.NStepWindow(obs[t][:, None], action[t], reward[t].astype(np.float32),
+                               1.0 - terminated[t].astype(np.float32),
+                               terminated[t] | truncated[t], next_obs[t][:, None])
+    window = (jax.tree.map(lambda x: np.repeat(x[None] * 0, n_step, 0), entry)
+              if window is None else window)
+    window = jax.tree.map(lambda w, x: np.concatenate([w[1:], x[None]]), window, entry)
+    if t < n_step - 1:
+      continue  # The window is not full yet: its oldest entries are not real steps.
+    got = jax.tree.map(np.asarray, emit(window, GAMMA))
+    for env in range(num_envs):
+      expected = _local_transitions(stream, env, n_step)[float(got.observation[env, 0])]
+      actual = tuple(float(np.ravel(x[env])[0]) for x in got)
+      np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+      compared += 1
+  assert compared == num_envs * (steps - n_step + 1)
+  assert terminated.any() and truncated.any()
+
+
+def _tiny_config(**overrides):
+  values = dict(hidden_sizes=(64, 64), batch_size=64, min_replay_size=500,
+                replay_capacity=10_000, samples_per_insert=16.0, num_envs=4,
+                learning_rate=1e-3, target_update_period=1, target_update_tau=0.01,
+                epsilon_decay_steps=2000, epsilon_end=0.02)
+  values.update(overrides)
+  return DQNConfig(**values)
+
+
+@pytest.mark.parametrize("overrides", [
+    {},
+    dict(double_q=True, dueling=True, distributional=True, num_atoms=11, v_min=0.0,
+         v_max=50.0, n_step=3, prioritized=True, importance_sampling_anneal_steps=100),
+])
+def test_anakin_learn_step_equals_the_local_learner_step(overrides):
+  """The anakin trainer's learn step and the local Learner run the same function on the same data."""
+  config = _tiny_config(**overrides)
+  env = envs.make_jax_environment("gymnax:CartPole-v1")
+  builder = DQNBuilder(config)
+  networks = builder.make_networks(env.spec)
+  trainer = builder.make_anakin(env, networks, eval_episodes=2)
+  state = jax.jit(trainer.init)(jax.random.PRNGKey(0))
+  # Fill the replay with real transitions (400; learning would start at 500).
+  state, _ = jax.jit(trainer.train_chunk, static_argnums=2)(state, 0, 100)
+  assert int(state.learner.steps) == 0
+
+  replay_buffer = builder.make_replay_buffer(env.spec)
+  learner = builder.make_learner(networks, replay_buffer, jax.random.PRNGKey(1))
+  learner.restore(state.learner)
+  replay_buffer.state = jax.tree.map(jnp.copy, state.buffer)
+  learner.step()
+
+  new_state, metrics = jax.jit(trainer.learn)(state)
+  np.testing.assert_allclose(learner.metrics()["loss"], metrics["loss"], rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+               learner.state.online_params, new_state.learner.online_params)
+  assert int(new_state.learner.steps) == int(learner.state.steps) == int(state.learner.steps) + 1
+  moved = jax.tree.leaves(jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))),
+                                       new_state.learner.online_params,
+                                       state.learner.online_params))
+  assert max(moved) > 0  # The step changed the parameters.
+
+
+def _run_anakin(tmp_path, name, seed=0, num_seeds=2, total_steps=8000, **overrides):
+  experiment = ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin", seed=seed,
+                                total_steps=total_steps, logdir=str(tmp_path / name),
+                                eval_episodes=5, log_every=2000, quiet=True,
+                                num_seeds=num_seeds)
+  summary = run_experiment(experiment, _tiny_config(**overrides))
+  with open(tmp_path / name / "train.csv") as f:
+    train = f.read()
+  return summary, train
+
+
+def test_anakin_runs_are_deterministic_differ_across_seeds_and_learn(tmp_path):
+  first, first_csv = _run_anakin(tmp_path, "a")
+  second, second_csv = _run_anakin(tmp_path, "b")
+  # Same seed: identical metrics (wall-clock columns aside) and returns.
+  strip = lambda csv: [row.split(",")[:2] + row.split(",")[4:] for row in csv.splitlines()]
+  header = first_csv.splitlines()[0].split(",")
+  assert header[2:4] == ["wall_s", "sps"]
+  assert strip(first_csv) == strip(second_csv)
+  assert first["eval_return_per_seed"] == second["eval_return_per_seed"]
+  # Different seeds within one program learn different things.
+  per_seed = first["eval_return_per_seed"]
+  assert len(per_seed) == 2 and per_seed[0] != per_seed[1]
+  # A random policy lasts ~22 steps on CartPole; after 8,000 steps both seeds do clearly better.
+  assert min(per_seed) > 50, per_seed
+  assert first["env_steps"] <= 8000 and first["learner_steps"] > 0
+  assert first["samples_per_insert_effective"] == pytest.approx(16.0, rel=0.05)
+  with open(tmp_path / "a" / "summary.json") as f:
+    on_disk = json.load(f)
+  for field in ("env", "run_mode", "seed", "env_steps", "learner_steps", "wall_s", "compile_s",
+                "sps", "sps_after_compile", "eval_return_mean", "eval_return_std",
+                "eval_episodes", "config", "eval_return_per_seed"):
+    assert field in on_disk
+  assert on_disk["run_mode"] == "anakin"
+
+
+def _cli(*args):
+  return subprocess.run([sys.executable, "-m", "launch.run_dqn", "--quiet", *args],
+                        cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--run_mode=anakin", "--env=gymnasium:CartPole-v1"], "gymnax:CartPole-v1"),
+    (["--run_mode=anakin", "--env=gymnax:CartPole-v1", "--num_envs=0"], "--num_envs"),
+    (["--run_mode=anakin", "--env=gymnax:CartPole-v1", "--num_seeds=0"], "--num_seeds"),
+    (["--run_mode=local", "--num_seeds=3"], "--run_mode=anakin"),
+    (["--run_mode=anakin", "--env=gymnax:Pendulum-v1"], "not discrete"),
+    (["--run_mode=anakin", "--env=gymnax:CartPole"], "CartPole-v1"),
+])
+def test_bad_anakin_input_is_named(args, expected, tmp_path):
+  result = _cli(*args, f"--logdir={tmp_path}")
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert "error:" in result.stderr and expected in result.stderr, result.stderr[-2000:]
+  assert "Traceback" not in result.stderr
+
+
+def test_minatar_gets_the_small_conv_torso_and_the_gymnax_spec():
+  env = envs.make_jax_environment("gymnax:Breakout-MinAtar")
+  assert env.spec.observations.shape == (10, 10, 4) and env.spec.actions.num_values == 3
+  networks = DQNBuilder(_tiny_config()).make_networks(env.spec)
+  params = networks.init(jax.random.PRNGKey(0))
+  assert any("minatar_conv_torso" in name for name in params)
+  q = networks.apply(params, jnp.zeros((2, 10, 10, 4))).q_values
+  assert q.shape == (2, 3)
+
+
+def test_gymnax_local_adapter_keeps_truncation_apart_from_termination():
+  """MountainCar's 200-step limit ends a random episode: LAST with discount 1 (bootstrap)."""
+  env = envs.make_environment("gymnax:MountainCar-v0", seed=0)
+  assert specs.make_environment_spec(env).actions.num_values == 3
+  timestep, steps = env.reset(), 0
+  assert timestep.first()
+  while not timestep.last():
+    timestep = env.step(1)  # "Do nothing": never reaches the goal.
+    steps += 1
+  assert steps == 200 and timestep.discount == 1.0
+  cartpole = envs.make_environment("gymnax:CartPole-v1", seed=0)
+  timestep = cartpole.reset()
+  while not timestep.last():
+    timestep = cartpole.step(0)  # Always push left: the pole falls, a termination.
+  assert timestep.discount == 0.0
