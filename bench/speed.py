@@ -1,6 +1,8 @@
-"""Local-mode speed: CleanRL's dqn_jax CartPole settings, 1 and 8 envs, against CleanRL's figure.
+"""Speed: local mode against CleanRL's figure, anakin mode against PureJaxRL's and the SGD floor.
 
-  python bench/speed.py
+  python bench/speed.py                 # local mode, 1 and 8 envs
+  python bench/speed.py --mode=anakin   # compiled mode, its floor, the compile cache
+  (seeds: bench/seeds_scale.py)
 
 Runs `launch.run_dqn --flagfile=launch/configs/cartpole_local_cleanrl.cfg`
 for each --num_envs value and reads summary.json. The reference is the
@@ -11,6 +13,7 @@ CleanRL itself is not run here.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -22,14 +25,66 @@ flags.DEFINE_integer("total_steps", 100_000, "Env steps per run.")
 flags.DEFINE_float("cleanrl_sps", 5200.0, "CleanRL dqn_jax env steps/s after compile (reference).")
 flags.DEFINE_string("logdir", "runs/bench_speed", "Where the runs write their logs.")
 flags.DEFINE_string("out", "bench/results/speed.md", "Markdown table to write.")
+flags.DEFINE_enum("mode", "local", ["local", "anakin"], "Which run mode to time.")
+flags.DEFINE_float("purejaxrl_sps", 49_600.0, "PureJaxRL dqn.py env steps/s after compile (reference).")
+flags.DEFINE_float("purejaxrl_wall_s", 4.96, "PureJaxRL dqn.py wall s for 100,000 steps, compile incl.")
 FLAGS = flags.FLAGS
+ANAKIN_CFG = "launch/configs/cartpole_anakin_purejaxrl.cfg"
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOALS = {1: 1.5, 8: 3.0}
 
 
+def _run(args, logdir):
+  subprocess.run([sys.executable, "-m", "launch.run_dqn", *args, f"--logdir={logdir}", "--quiet"],
+                 cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+  with open(os.path.join(ROOT, logdir, "summary.json")) as f:
+    return json.load(f)
+
+
+def main_anakin():
+  base = [f"--flagfile={ANAKIN_CFG}", f"--total_steps={FLAGS.total_steps}"]
+  cache = os.path.join(ROOT, FLAGS.logdir, "xla_cache")
+  shutil.rmtree(cache, ignore_errors=True)
+  cold = _run(base + [f"--compilation_cache_dir={cache}"], os.path.join(FLAGS.logdir, "anakin_cold"))
+  warm = _run(base + [f"--compilation_cache_dir={cache}"], os.path.join(FLAGS.logdir, "anakin_warm"))
+  floor_out = subprocess.run(
+      [sys.executable, "bench/anakin_floor.py", f"--flagfile={ANAKIN_CFG}",
+       f"--total_steps={FLAGS.total_steps}"], cwd=ROOT, check=True, capture_output=True, text=True)
+  floor = json.loads(floor_out.stdout.strip().splitlines()[-1])
+  lines = [f"Command: `python bench/speed.py --mode=anakin` ({os.cpu_count()} cores, "
+           f"{cold['backend']}, jax {cold['versions']['jax']})", "",
+           "| run | env steps | wall s | compile s | sps (all) | sps after compile | "
+           f"x PureJaxRL ({FLAGS.purejaxrl_sps:,.0f}) | wall vs PureJaxRL ({FLAGS.purejaxrl_wall_s} s) |",
+           "|---|---|---|---|---|---|---|---|"]
+  for name, s in (("cold compile", cold), ("warm compile cache", warm)):
+    lines.append(f"| {name} | {s['env_steps']} | {s['wall_s']:.2f} | {s['compile_s']:.2f} | "
+                 f"{s['sps']:,.0f} | {s['sps_after_compile']:,.0f} | "
+                 f"{s['sps_after_compile'] / FLAGS.purejaxrl_sps:.2f} (goal ≥ 1.2) | "
+                 f"{s['wall_s'] / FLAGS.purejaxrl_wall_s:.2f} (goal < 1) |")
+  train_s = min(s["wall_s"] - s["compile_s"] - s["eval_s"] for s in (cold, warm))
+  floor_s = floor["sgd_s"] + floor["acting_s"]
+  lines += ["", "| floor part | what | s | per unit |", "|---|---|---|---|",
+            f"| SGD alone | {floor['learner_calls']} learner calls (sample + SGD + target) in one scan "
+            f"| {floor['sgd_s']:.2f} | {floor['us_per_sgd_call']:.0f} µs per call |",
+            f"| acting alone | {floor['env_steps']} env steps (act + step + store, no learning) "
+            f"| {floor['acting_s']:.2f} | {floor['us_per_env_step']:.2f} µs per env step |",
+            f"| sum | | {floor_s:.2f} | |",
+            f"| full run | training time (wall - compile - eval), best of the two runs | "
+            f"{train_s:.2f} | **{train_s / floor_s:.2f} x the floor** (goal ≤ 1.15) |"]
+  for line in lines:
+    print(line)
+  print(f"compared: anakin {ANAKIN_CFG} ({FLAGS.total_steps} steps) against PureJaxRL dqn.py's "
+        f"quoted {FLAGS.purejaxrl_sps:,.0f} sps / {FLAGS.purejaxrl_wall_s} s (not run here) and "
+        "against its own SGD + acting floor measured above.")
+  with open(os.path.join(ROOT, "bench/results/speed_anakin.md"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+
+
 def main(argv):
   del argv
+  if FLAGS.mode == "anakin":
+    return main_anakin()
   lines = ["| num_envs | env steps | wall s | compile s | sps (all) | sps after compile | "
            "x CleanRL (5,200) | goal |", "|---|---|---|---|---|---|---|---|"]
   for num_envs in map(int, FLAGS.num_envs):

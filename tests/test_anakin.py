@@ -213,3 +213,12 @@ def test_gymnax_local_adapter_keeps_truncation_apart_from_termination():
   while not timestep.last():
     timestep = cartpole.step(0)  # Always push left: the pole falls, a termination.
   assert timestep.discount == 0.0
+
+
+def test_apex_epsilons_are_one_fixed_value_per_env_copy():
+  config = _tiny_config(apex_epsilons=True, apex_epsilon_base=0.4, apex_epsilon_alpha=7.0)
+  schedule = DQNBuilder(config).make_epsilon_schedule(num_envs=4)
+  expected = [0.4 ** (1 + 7 * i / 3) for i in range(4)]
+  np.testing.assert_allclose(schedule(0), expected, rtol=1e-6)
+  np.testing.assert_allclose(schedule(10**6), expected, rtol=1e-6)
+  np.testing.assert_allclose(jax.jit(schedule)(jnp.int32(5)), expected, rtol=1e-6)
