@@ -2,7 +2,7 @@
 
 import dataclasses
 import random
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import chex
 import dm_env
@@ -56,12 +56,15 @@ def apex_epsilons(num: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray
 @dataclasses.dataclass(frozen=True)
 class ConstantEpsilons:
   """A fixed epsilon per env copy (e.g. Ape-X's), whatever the step; host or jit."""
-  epsilons: np.ndarray
+  epsilons: Tuple[float, ...]  # A tuple, so the schedule hashes (jit keys on it).
+
+  def __post_init__(self):
+    object.__setattr__(self, "epsilons", tuple(float(e) for e in self.epsilons))
 
   def __call__(self, step):
     if isinstance(step, (int, float, np.integer, np.floating)):
-      return self.epsilons
-    return jnp.asarray(self.epsilons)
+      return np.asarray(self.epsilons, np.float32)
+    return jnp.asarray(self.epsilons, jnp.float32)
 
 
 def make_epsilon_greedy_policy(networks: Networks) -> PolicyFn:
