@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from acme_jax_dqn import acme_interop
 from acme_jax_dqn.networks import Networks
 from acme_jax_dqn.types import Params
 
@@ -209,3 +210,6 @@ class Actor:
     if not self._batched:
       observation = np.asarray(observation)[None]
     jax.block_until_ready(self._greedy(self._client.params, observation))
+
+
+acme_interop.register(Actor, "Actor")

@@ -1,5 +1,6 @@
 """Learning: the optimiser, a pure `sgd_step`, target updates, and Acme's `Learner` shell."""
 
+import itertools
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import chex
@@ -8,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from acme_jax_dqn import acme_interop
 from acme_jax_dqn import replay as replay_lib
 from acme_jax_dqn import utils
 from acme_jax_dqn.networks import Networks
@@ -196,6 +198,12 @@ class Learner:
       jax.block_until_ready(self._step_fn(copy(self._packed), copy(buffer.state)))
     jax.block_until_ready(self._unpack_online_fn(self._packed))
 
+  def run(self, num_steps: Optional[int] = None) -> None:
+    """Acme's Worker.run: `step()` num_steps times (forever when None)."""
+    iterator = range(num_steps) if num_steps is not None else itertools.count()
+    for _ in iterator:
+      self.step()
+
   def get_variables(self, names: Sequence[str] = ("policy",)) -> List[Params]:
     """Acme's VariableSource: every name is served the online parameters."""
     if self._online_cache is None:
@@ -224,3 +232,6 @@ class Learner:
     if self._metrics is None:
       return {name: float("nan") for name in self._metric_names}
     return dict(zip(self._metric_names, np.asarray(self._metrics).tolist()))
+
+
+acme_interop.register(Learner, "Learner")

@@ -63,18 +63,19 @@ def internal_imports(path: str, root: str = ROOT) -> Set[str]:
   found = set()
   for node in ast.walk(tree):
     if isinstance(node, ast.Import):
-      modules = [alias.name for alias in node.names]
+      names = [alias.name for alias in node.names]
     elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-      modules = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+      # `from a.b import c, d`: each of c, d that is a module, else a.b itself.
+      submodules = [_module_file(f"{node.module}.{alias.name}", root) for alias in node.names]
+      names = ([f"{node.module}.{alias.name}" for alias, sub in zip(node.names, submodules) if sub]
+               or [node.module])
     else:
       continue
-    for module in modules:
-      if module.split(".")[0] in PACKAGES:
-        target = _module_file(module, root)
-        if target:
-          found.add(target)
-          if isinstance(node, ast.ImportFrom):
-            break  # `from a.b import c`: c (a module) or else a.b itself.
+    for name in names:
+      if name.split(".")[0] in PACKAGES:
+        path = _module_file(name, root)
+        if path:
+          found.add(path)
   return found
 
 

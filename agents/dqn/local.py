@@ -5,6 +5,7 @@ from typing import Optional
 import chex
 import jax
 
+from acme_jax_dqn import acme_interop
 from acme_jax_dqn import specs
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import DQNConfig
@@ -85,3 +86,6 @@ class LocalAgent:
     one_at_a_time = c.num_envs == 1 and c.n_step == 1
     exact = c.inserts_per_learner_step * c.samples_per_insert == c.samples_per_learner_step
     return not (one_at_a_time and exact)
+
+
+acme_interop.register(LocalAgent, "Actor", "VariableSource")
