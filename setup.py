@@ -21,6 +21,7 @@ setuptools.setup(
         "flashbax>=0.1.2",
         "gymnasium[classic-control]>=1.0",
         "gymnax>=0.0.9",
+        "matplotlib>=3.7",
         "numpy>=1.24",
     ],
     extras_require={

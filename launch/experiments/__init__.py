@@ -1,0 +1,1 @@
+"""absl experiment scripts: seed sweeps and agent comparisons over the same builder."""

@@ -1,0 +1,106 @@
+"""What the experiment scripts share: run a preset for some seeds, read the logs, tabulate, plot.
+
+Each run is `python -m launch.run_dqn` in its own process and log directory
+(`<out>/<agent>/seed<N>/` locally, `<out>/<agent>/` for one vmapped anakin
+run), so every run is also an ordinary run a user can inspect or redo.
+"""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from typing import Dict, List, Sequence
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class Result:
+  """One agent's runs: final eval return per seed and eval curves (env steps -> return per seed)."""
+
+  def __init__(self, agent: str, seeds: List[int], final: List[float], steps: List[int],
+               curves: List[List[float]], wall_s: float):
+    self.agent, self.seeds, self.final = agent, seeds, final
+    self.steps, self.curves, self.wall_s = steps, curves, wall_s
+
+
+def _read_csv(path: str) -> List[Dict[str, str]]:
+  with open(path) as f:
+    return list(csv.DictReader(f))
+
+
+def run_agent(agent: str, flagfile: str, env: str, seeds: Sequence[int], run_mode: str,
+              out: str, total_steps: int, eval_every: int, extra: Sequence[str] = ()) -> Result:
+  """Runs `flagfile` on `env` for `seeds`: one process per seed, or one vmapped anakin run."""
+  common = [sys.executable, "-m", "launch.run_dqn", f"--flagfile={flagfile}", f"--env={env}",
+            f"--run_mode={run_mode}", f"--eval_every={eval_every}", "--quiet", *extra]
+  if total_steps:
+    common.append(f"--total_steps={total_steps}")
+  if run_mode == "anakin":
+    logdir = os.path.join(out, agent)
+    subprocess.run(common + [f"--seed={seeds[0]}", f"--num_seeds={len(seeds)}",
+                             f"--logdir={logdir}"], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL)
+    with open(os.path.join(ROOT, logdir, "summary.json")) as f:
+      summary = json.load(f)
+    rows = _read_csv(os.path.join(ROOT, logdir, "eval.csv"))
+    curves = [[float(r[f"eval_return_seed{s}"]) for r in rows] for s in summary["seeds"]]
+    return Result(agent, summary["seeds"], summary["eval_return_per_seed"],
+                  [int(r["env_steps"]) for r in rows], curves, summary["wall_s"])
+  final, curves, steps, wall = [], [], [], 0.0
+  for seed in seeds:
+    logdir = os.path.join(out, agent, f"seed{seed}")
+    subprocess.run(common + [f"--seed={seed}", f"--logdir={logdir}"], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL)
+    with open(os.path.join(ROOT, logdir, "summary.json")) as f:
+      summary = json.load(f)
+    rows = _read_csv(os.path.join(ROOT, logdir, "eval.csv"))
+    final.append(summary["eval_return_mean"])
+    curves.append([float(r["eval_return_mean"]) for r in rows])
+    steps = [int(r["env_steps"]) for r in rows]
+    wall += summary["wall_s"]
+  return Result(agent, list(seeds), final, steps, curves, wall)
+
+
+def write_table(results: List[Result], out: str, title: str) -> str:
+  """Markdown and CSV tables (per agent: mean, std, min over seeds, each seed); returns the markdown."""
+  os.makedirs(os.path.join(ROOT, out), exist_ok=True)
+  lines = [title, "", "| agent | seeds | final eval return mean | std | min | per seed | wall s (all seeds) |",
+           "|---|---|---|---|---|---|---|"]
+  with open(os.path.join(ROOT, out, "results.csv"), "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(["agent", "seed", "final_eval_return"])
+    for r in results:
+      for seed, value in zip(r.seeds, r.final):
+        writer.writerow([r.agent, seed, value])
+      lines.append(f"| {r.agent} | {len(r.seeds)} | {np.mean(r.final):.1f} | {np.std(r.final):.1f} | "
+                   f"{np.min(r.final):.1f} | {', '.join(f'{v:.0f}' for v in r.final)} | "
+                   f"{r.wall_s:.0f} |")
+  markdown = "\n".join(lines) + "\n"
+  with open(os.path.join(ROOT, out, "results.md"), "w") as f:
+    f.write(markdown)
+  return markdown
+
+
+def plot(results: List[Result], out: str, env: str) -> str:
+  """Eval return against env steps: mean over seeds, shaded min..max; one line per agent."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for r in results:
+    curves = np.asarray([c[:len(r.steps)] for c in r.curves])
+    mean = curves.mean(axis=0)
+    ax.plot(r.steps, mean, label=f"{r.agent} ({len(r.seeds)} seeds)")
+    ax.fill_between(r.steps, curves.min(axis=0), curves.max(axis=0), alpha=0.2)
+  ax.set_xlabel("environment steps")
+  ax.set_ylabel("greedy eval return")
+  ax.set_title(env)
+  ax.legend()
+  fig.tight_layout()
+  path = os.path.join(out, "curves.png")
+  fig.savefig(os.path.join(ROOT, path), dpi=100)
+  plt.close(fig)
+  return path
