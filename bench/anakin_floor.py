@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from acme_jax_dqn import envs
+from acme_jax_dqn import utils
 from agents.dqn.anakin import AnakinPlan
 from agents.dqn.builder import DQNBuilder
 from launch import flags as launch_flags
@@ -36,6 +37,8 @@ def _timed(compiled, *args) -> float:
 
 def main(argv):
   del argv
+  if FLAGS.one_cpu_core:  # Same XLA threading as the run it is compared with.
+    utils.run_xla_on_one_cpu_core()
   config = launch_flags.config_from_flags()
   experiment = launch_flags.experiment_from_flags()
   env = envs.make_jax_environment(experiment.env)

@@ -35,6 +35,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOALS = {1: 1.5, 8: 3.0}
 
 
+def jax_version():
+  out = subprocess.run([sys.executable, "-c", "import jax; print(jax.__version__)"],
+                       capture_output=True, text=True, check=True)
+  return out.stdout.strip()
+
+
 def _run(args, logdir):
   subprocess.run([sys.executable, "-m", "launch.run_dqn", *args, f"--logdir={logdir}", "--quiet"],
                  cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
@@ -42,36 +48,45 @@ def _run(args, logdir):
     return json.load(f)
 
 
+def _floor(extra):
+  out = subprocess.run(
+      [sys.executable, "bench/anakin_floor.py", f"--flagfile={ANAKIN_CFG}",
+       f"--total_steps={FLAGS.total_steps}", *extra], cwd=ROOT, check=True,
+      capture_output=True, text=True)
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main_anakin():
   base = [f"--flagfile={ANAKIN_CFG}", f"--total_steps={FLAGS.total_steps}"]
-  cache = os.path.join(ROOT, FLAGS.logdir, "xla_cache")
-  shutil.rmtree(cache, ignore_errors=True)
-  cold = _run(base + [f"--compilation_cache_dir={cache}"], os.path.join(FLAGS.logdir, "anakin_cold"))
-  warm = _run(base + [f"--compilation_cache_dir={cache}"], os.path.join(FLAGS.logdir, "anakin_warm"))
-  floor_out = subprocess.run(
-      [sys.executable, "bench/anakin_floor.py", f"--flagfile={ANAKIN_CFG}",
-       f"--total_steps={FLAGS.total_steps}"], cwd=ROOT, check=True, capture_output=True, text=True)
-  floor = json.loads(floor_out.stdout.strip().splitlines()[-1])
   lines = [f"Command: `python bench/speed.py --mode=anakin` ({os.cpu_count()} cores, "
-           f"{cold['backend']}, jax {cold['versions']['jax']})", "",
+           f"jax {jax_version()})", "",
            "| run | env steps | wall s | compile s | sps (all) | sps after compile | "
            f"x PureJaxRL ({FLAGS.purejaxrl_sps:,.0f}) | wall vs PureJaxRL ({FLAGS.purejaxrl_wall_s} s) |",
            "|---|---|---|---|---|---|---|---|"]
-  for name, s in (("cold compile", cold), ("warm compile cache", warm)):
-    lines.append(f"| {name} | {s['env_steps']} | {s['wall_s']:.2f} | {s['compile_s']:.2f} | "
-                 f"{s['sps']:,.0f} | {s['sps_after_compile']:,.0f} | "
-                 f"{s['sps_after_compile'] / FLAGS.purejaxrl_sps:.2f} (goal ≥ 1.2) | "
-                 f"{s['wall_s'] / FLAGS.purejaxrl_wall_s:.2f} (goal < 1) |")
-  train_s = min(s["wall_s"] - s["compile_s"] - s["eval_s"] for s in (cold, warm))
-  floor_s = floor["sgd_s"] + floor["acting_s"]
-  lines += ["", "| floor part | what | s | per unit |", "|---|---|---|---|",
-            f"| SGD alone | {floor['learner_calls']} learner calls (sample + SGD + target) in one scan "
-            f"| {floor['sgd_s']:.2f} | {floor['us_per_sgd_call']:.0f} µs per call |",
-            f"| acting alone | {floor['env_steps']} env steps (act + step + store, no learning) "
-            f"| {floor['acting_s']:.2f} | {floor['us_per_env_step']:.2f} µs per env step |",
-            f"| sum | | {floor_s:.2f} | |",
-            f"| full run | training time (wall - compile - eval), best of the two runs | "
-            f"{train_s:.2f} | **{train_s / floor_s:.2f} x the floor** (goal ≤ 1.15) |"]
+  floor_lines = ["", "| threads | floor part | what | s | per unit |", "|---|---|---|---|---|"]
+  for threads, extra in (("2 cores (default)", []), ("--one_cpu_core", ["--one_cpu_core"])):
+    cache = os.path.join(ROOT, FLAGS.logdir, "xla_cache" + ("_one" if extra else ""))
+    shutil.rmtree(cache, ignore_errors=True)
+    runs = []
+    for name in ("cold compile", "warm compile cache"):
+      tag = f"anakin_{'one_' if extra else ''}{name.split()[0]}"
+      s = _run(base + extra + [f"--compilation_cache_dir={cache}"], os.path.join(FLAGS.logdir, tag))
+      runs.append(s)
+      lines.append(f"| {threads}, {name} | {s['env_steps']} | {s['wall_s']:.2f} | "
+                   f"{s['compile_s']:.2f} | {s['sps']:,.0f} | {s['sps_after_compile']:,.0f} | "
+                   f"{s['sps_after_compile'] / FLAGS.purejaxrl_sps:.2f} (goal ≥ 1.2) | "
+                   f"{s['wall_s'] / FLAGS.purejaxrl_wall_s:.2f} (goal < 1) |")
+    floor = _floor(extra)
+    train_s = min(s["wall_s"] - s["compile_s"] - s["eval_s"] for s in runs)
+    floor_s = floor["sgd_s"] + floor["acting_s"]
+    floor_lines += [
+        f"| {threads} | SGD alone | {floor['learner_calls']} learner calls (sample + SGD + target) "
+        f"in one scan | {floor['sgd_s']:.2f} | {floor['us_per_sgd_call']:.0f} µs per call |",
+        f"| {threads} | acting alone | {floor['env_steps']} env steps (act + step + store, no "
+        f"learning) | {floor['acting_s']:.2f} | {floor['us_per_env_step']:.2f} µs per env step |",
+        f"| {threads} | full run | training time (wall - compile - eval), best of its two runs | "
+        f"{train_s:.2f} | **{train_s / floor_s:.2f} x the floor** ({floor_s:.2f} s; goal ≤ 1.15) |"]
+  lines += floor_lines
   for line in lines:
     print(line)
   print(f"compared: anakin {ANAKIN_CFG} ({FLAGS.total_steps} steps) against PureJaxRL dqn.py's "

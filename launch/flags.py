@@ -53,6 +53,8 @@ def define_flags() -> None:
   flags.DEFINE_string("compilation_cache_dir", "~/.cache/acme_jax_dqn/xla",
                       "JAX's persistent compilation cache: reruns of the same "
                       "program skip compiling. Empty turns it off.")
+  flags.DEFINE_bool("one_cpu_core", False, "Run XLA's CPU client on one core: on 2 cores "
+                    "the compiled anakin loop ran ~1.3x faster, a cold compile ~1.5x slower.")
   for field in dataclasses.fields(DQNConfig):
     _define_field_flag(field, docs.get(field.name, field.name))
 
@@ -89,4 +91,5 @@ def _experiment_from_flags() -> ExperimentConfig:
                           eval_episodes=FLAGS.eval_episodes, eval_every=FLAGS.eval_every,
                           log_every=FLAGS.log_every, quiet=FLAGS.quiet,
                           num_seeds=FLAGS.num_seeds,
-                          compilation_cache_dir=FLAGS.compilation_cache_dir)
+                          compilation_cache_dir=FLAGS.compilation_cache_dir,
+                          one_cpu_core=FLAGS.one_cpu_core)

@@ -222,3 +222,20 @@ def test_apex_epsilons_are_one_fixed_value_per_env_copy():
   np.testing.assert_allclose(schedule(0), expected, rtol=1e-6)
   np.testing.assert_allclose(schedule(10**6), expected, rtol=1e-6)
   np.testing.assert_allclose(jax.jit(schedule)(jnp.int32(5)), expected, rtol=1e-6)
+
+
+def test_one_cpu_core_run_completes_and_affinity_is_restored(tmp_path):
+  result = _cli("--run_mode=anakin", "--env=gymnax:CartPole-v1", "--total_steps=400",
+                "--min_replay_size=100", "--num_envs=2", "--hidden_sizes=16", "--batch_size=16",
+                "--eval_episodes=2", "--one_cpu_core", "--compilation_cache_dir=",
+                f"--logdir={tmp_path}")
+  assert result.returncode == 0, result.stderr[-2000:]
+  with open(tmp_path / "summary.json") as f:
+    summary = json.load(f)
+  assert summary["experiment"]["one_cpu_core"] and summary["env_steps"] > 0
+  # In this process the CPU client exists already: nothing changes, and it says so.
+  from acme_jax_dqn import utils  # pylint: disable=import-outside-toplevel
+  jax.devices()
+  before = os.sched_getaffinity(0)
+  assert utils.run_xla_on_one_cpu_core() is False
+  assert os.sched_getaffinity(0) == before

@@ -39,6 +39,8 @@ class ExperimentConfig:
       seed, seed + 1, ..., seed + num_seeds - 1.
     compilation_cache_dir: JAX's persistent compilation cache ("" is off):
       reruns of the same program load it instead of compiling.
+    one_cpu_core: run XLA's CPU client on one core (faster compiled loops,
+      slower cold compiles; see `utils.run_xla_on_one_cpu_core`).
   """
   env: str = "gymnasium:CartPole-v1"
   run_mode: str = "local"
@@ -51,6 +53,7 @@ class ExperimentConfig:
   quiet: bool = False
   num_seeds: int = 1
   compilation_cache_dir: str = ""
+  one_cpu_core: bool = False
 
   def __post_init__(self):
     if self.run_mode not in RUN_MODES:
@@ -87,6 +90,8 @@ def _recent_mean(episodes, count: int = 20) -> float:
 def run_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str, Any]:
   """Trains in the experiment's run mode and returns (and writes) the summary."""
   utils.enable_compilation_cache(experiment.compilation_cache_dir)
+  if experiment.one_cpu_core:
+    utils.run_xla_on_one_cpu_core()
   if experiment.run_mode == "anakin":
     from agents.dqn.anakin import run_anakin_experiment  # Imports gymnax only when asked.
     return run_anakin_experiment(experiment, config)
