@@ -20,7 +20,7 @@ setuptools.setup(
         "absl-py>=2.0",
         "flashbax>=0.1.2",
         "gymnasium[classic-control]>=1.0",
-        "gymnax>=0.0.9",
+        "gymnax>=1.0.1",  # Step returns termination and truncation apart (0.0.x returned one done).
         "matplotlib>=3.7",
         "numpy>=1.24",
     ],
