@@ -117,7 +117,7 @@ class Anakin(NamedTuple):
 def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTransformation,
                 learner_step: learning.LearnerStepFn, replay: replay_lib.Replay,
                 policy: PolicyFn, epsilon_fn: Callable[[chex.Array], chex.Array],
-                *, num_envs: int, n_step: int, discount: float, min_replay_size: int,
+                example_transition: Transition, *, num_envs: int, n_step: int, discount: float, min_replay_size: int,
                 env_steps_per_iteration: int, learner_calls_per_iteration: int,
                 eval_episodes: int, eval_epsilon: float = 0.0) -> Anakin:
   """Builds the compiled trainer from the kit's pure parts.
@@ -131,6 +131,7 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
     replay: the kit's pure replay functions (flashbax).
     policy: `policy(params, key, observations [E, ...], epsilon)`.
     epsilon_fn: env steps (int32) -> epsilon, a scalar or one per copy [E].
+    example_transition: one unbatched transition (shapes and dtypes of replay items).
     num_envs: environment copies stepped together (vmapped).
     n_step, discount: the n-step return.
     min_replay_size: transitions in replay before the first learner step.
@@ -145,11 +146,6 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
   obs_shape, obs_dtype = tuple(obs_spec.shape), obs_spec.dtype
   E = num_envs
   fill_steps = n_step - 1  # Env steps (in `init`) before the first full n-step window.
-
-  def example_transition() -> Transition:
-    obs = jnp.zeros(obs_shape, obs_dtype)
-    return Transition(obs, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32),
-                      jnp.zeros((), jnp.float32), obs)
 
   def env_step(state: AnakinState):
     """All copies act and step once; returns the state, the emitted transitions [E] and stats."""
@@ -189,7 +185,7 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
     window = NStepWindow(zeros(obs_shape, obs_dtype), zeros((), jnp.int32),
                          zeros((), jnp.float32), zeros((), jnp.float32),
                          zeros((), jnp.bool_), zeros(obs_shape, obs_dtype))
-    state = AnakinState(learner=learner_state, buffer=replay.init(example_transition()),
+    state = AnakinState(learner=learner_state, buffer=replay.init(example_transition),
                         env_state=env_state, observation=observation.astype(obs_dtype),
                         window=window, episode_return=jnp.zeros((E,), jnp.float32),
                         env_steps=jnp.zeros((), jnp.int32), key=key)

@@ -99,9 +99,9 @@ def run_xla_on_one_cpu_core() -> bool:
 
   The client sizes its thread pools from the CPU affinity at creation, so
   XLA then executes (and compiles) on one thread. On this 2-core machine
-  that made the compiled anakin loop ~1.3x faster (no hand-offs between
-  two worker threads every iteration) and a cold compile ~1.5x slower
-  (bench/speed.py --mode=anakin). Returns False, changing nothing, when
+  gave the compiled anakin loop 1.1-1.5x more steps/s (no hand-offs
+  between two worker threads every iteration) and a 1.6x slower cold
+  compile (bench/speed.py --mode=anakin). Returns False, changing nothing, when
   the client already exists or the platform has no CPU affinity.
   """
   from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel

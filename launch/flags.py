@@ -54,7 +54,7 @@ def define_flags() -> None:
                       "JAX's persistent compilation cache: reruns of the same "
                       "program skip compiling. Empty turns it off.")
   flags.DEFINE_bool("one_cpu_core", False, "Run XLA's CPU client on one core: on 2 cores "
-                    "the compiled anakin loop ran ~1.3x faster, a cold compile ~1.5x slower.")
+                    "the compiled anakin loop ran 1.1-1.5x faster, a cold compile 1.6x slower.")
   for field in dataclasses.fields(DQNConfig):
     _define_field_flag(field, docs.get(field.name, field.name))
 

@@ -27,7 +27,7 @@ from agents.dqn.experiment import ExperimentConfig, base_summary
 
 
 class AnakinPlan:
-  """How a budget of env steps splits into prefill, chunks and iterations (all static)."""
+  """How a budget of env steps splits into the n-step fill, chunks and iterations (all static)."""
 
   def __init__(self, trainer: anakin_lib.Anakin, config: DQNConfig,
                experiment: ExperimentConfig):

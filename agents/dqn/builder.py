@@ -107,7 +107,7 @@ class DQNBuilder:
     return anakin.make_anakin(
         env, networks, optimizer, self.make_learner_step(networks, replay, optimizer),
         replay, self.make_policy(networks), self.make_epsilon_schedule(num_envs=c.num_envs),
-        num_envs=c.num_envs, n_step=c.n_step, discount=c.discount,
+        self.example_transition(env.spec), num_envs=c.num_envs, n_step=c.n_step, discount=c.discount,
         min_replay_size=c.min_replay_size, env_steps_per_iteration=env_steps,
         learner_calls_per_iteration=learner_calls, eval_episodes=eval_episodes,
         eval_epsilon=c.eval_epsilon)

@@ -12,9 +12,21 @@ import subprocess
 import sys
 from typing import Dict, List, Sequence
 
+from absl import flags
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def define_run_flags(out_default: str) -> None:
+  """The flags both experiment scripts take for every run they start."""
+  flags.DEFINE_enum("run_mode", "local", ["local", "anakin"],
+                    "local: one process per seed; anakin: the seeds vmapped in one run.")
+  flags.DEFINE_integer("total_steps", 0, "Override the presets' budget (0: keep theirs).")
+  flags.DEFINE_integer("eval_every", 5000, "Env steps between evaluations (the curves).")
+  flags.DEFINE_string("out", out_default, "Where logs, tables and the plot go.")
+  flags.DEFINE_list("extra_flags", [], "More flags for every run, e.g. "
+                    "--extra_flags=--eval_episodes=5.")
 
 
 class Result:

@@ -18,12 +18,8 @@ from launch.experiments import common
 flags.DEFINE_string("env", "gymnasium:CartPole-v1", "Environment for every agent.")
 flags.DEFINE_list("agents", ["dqn", "double_dueling", "c51", "rainbow"], "Agents to compare.")
 flags.DEFINE_integer("seeds", 3, "Seeds 0..N-1 for every agent.")
-flags.DEFINE_enum("run_mode", "local", ["local", "anakin"], "How each agent runs.")
 flags.DEFINE_string("preset_pattern", "launch/configs/cartpole_{agent}.cfg", "Flagfile per agent.")
-flags.DEFINE_integer("total_steps", 0, "Override the presets' budget (0: keep theirs).")
-flags.DEFINE_integer("eval_every", 5000, "Env steps between evaluations (the curves).")
-flags.DEFINE_string("out", "runs/compare_agents", "Where logs, tables and the plot go.")
-flags.DEFINE_list("extra_flags", [], "More flags for every run, e.g. --extra_flags=--eval_episodes=5.")
+common.define_run_flags("runs/compare_agents")
 FLAGS = flags.FLAGS
 
 

@@ -18,11 +18,7 @@ flags.DEFINE_string("preset", "launch/configs/cartpole_dqn.cfg", "The flagfile t
 flags.DEFINE_string("env", "gymnasium:CartPole-v1", "Environment (overrides the preset's).")
 flags.DEFINE_integer("seeds", 5, "Seeds first_seed .. first_seed + N - 1.")
 flags.DEFINE_integer("first_seed", 0, "The first seed.")
-flags.DEFINE_enum("run_mode", "local", ["local", "anakin"], "Sequential processes or one vmapped run.")
-flags.DEFINE_integer("total_steps", 0, "Override the preset's budget (0: keep it).")
-flags.DEFINE_integer("eval_every", 5000, "Env steps between evaluations (the curves).")
-flags.DEFINE_string("out", "runs/seed_sweep", "Where logs, tables and the plot go.")
-flags.DEFINE_list("extra_flags", [], "More flags for every run.")
+common.define_run_flags("runs/seed_sweep")
 FLAGS = flags.FLAGS
 
 
