@@ -120,6 +120,15 @@ class VariableClient:
       self.update_and_wait()
     return self._params
 
+  def get_state(self) -> dict:
+    """The pull counter and the parameters held (numpy), for checkpoints."""
+    params = None if self._params is None else jax.device_get(self._params)
+    return {"calls": self._calls, "params": params}
+
+  def set_state(self, state: dict) -> None:
+    self._calls = state["calls"]
+    self._params = state["params"]
+
 
 def _batch_timestep(timestep: dm_env.TimeStep) -> dm_env.TimeStep:
   """Adds a leading env axis of size 1 to an unbatched timestep."""
@@ -200,6 +209,20 @@ class Actor:
 
   def update(self, wait: bool = False) -> None:
     self._client.update(wait)
+
+  def get_state(self) -> dict:
+    """RNG states, the step count and the client's parameters (picklable), for checkpoints."""
+    return {"rng": self._rng.bit_generator.state, "py_rng": self._py_rng.getstate(),
+            "num_steps": self.num_steps, "client": self._client.get_state(),
+            "adder": None if self._adder is None else self._adder.get_state()}
+
+  def set_state(self, state: dict) -> None:
+    self._rng.bit_generator.state = state["rng"]
+    self._py_rng.setstate(state["py_rng"])
+    self.num_steps = state["num_steps"]
+    self._client.set_state(state["client"])
+    if self._adder is not None and state["adder"] is not None:
+      self._adder.set_state(state["adder"])
 
   @property
   def epsilon(self) -> float:

@@ -45,6 +45,15 @@ class NStepTransitionAdder:
     self._observation = np.array(timestep.observation, copy=True)
     self._windows = [[] for _ in range(self._num_envs)]
 
+  def get_state(self) -> dict:
+    """The last observations and open n-step windows (picklable), for checkpoints."""
+    return {"observation": self._observation,
+            "windows": [list(window) for window in self._windows]}
+
+  def set_state(self, state: dict) -> None:
+    self._observation = state["observation"]
+    self._windows = [list(window) for window in state["windows"]]
+
   def add(self, action: np.ndarray, next_timestep: dm_env.TimeStep) -> None:
     """Records `action` taken in the last observations and what followed."""
     if self._observation is None:

@@ -237,6 +237,8 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
     out["epsilon"] = jnp.mean(epsilon_fn(state.env_steps))
     out["env_steps"] = state.env_steps
     out["learner_steps"] = state.learner.steps
+    out["nonfinite_updates"] = state.learner.nonfinite_updates
+    out["first_nonfinite_step"] = state.learner.first_nonfinite_step
     return state, out
 
   greedy_epsilon = jnp.float32(eval_epsilon)

@@ -1,7 +1,7 @@
 """Acme-style environment loop and step counter, for one env or batched copies."""
 
 import time
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import dm_env
 import numpy as np
@@ -85,8 +85,13 @@ class EnvironmentLoop:
       episodes += 1
     return steps
 
-  def run_steps(self, num_steps: int) -> List[Dict[str, float]]:
-    """Takes `num_steps` env steps (all copies counted), continuing episodes."""
+  def run_steps(self, num_steps: int,
+                should_stop: Optional[Callable[[], bool]] = None) -> List[Dict[str, float]]:
+    """Takes `num_steps` env steps (all copies counted), continuing episodes.
+
+    `should_stop`, checked after every step, ends the call early (e.g. on
+    SIGTERM); the loop stays where it is, ready for the next call.
+    """
     batched = self._num_envs is not None
     n = self._num_envs or 1
     env, actor = self._environment, self._actor
@@ -113,6 +118,8 @@ class EnvironmentLoop:
           finished.append(self._finish(0))
           timestep = env.reset()
           actor.observe_first(timestep)
+      if should_stop is not None and should_stop():
+        break
     self._timestep = timestep
     self._counter.increment(steps=taken, episodes=len(finished))
     self.episodes.extend(finished)
@@ -130,6 +137,33 @@ class EnvironmentLoop:
     self._returns[i] = 0.0
     self._lengths[i] = 0
     return result
+
+  def get_state(self) -> dict:
+    """Where the loop is (timestep, running returns, episodes, counts), for checkpoints.
+
+    The environment itself is saved apart (see `environment`).
+    """
+    return {"timestep": self._timestep, "returns": self._returns,
+            "lengths": self._lengths, "episodes": list(self.episodes),
+            "counts": self._counter.get_counts()}
+
+  def set_state(self, state: dict, environment: Optional[dm_env.Environment] = None) -> None:
+    """Continues from `state`; with a new `environment` object (e.g. unpickled) when given.
+
+    Without the environment's own state (`state["timestep"]` None), the
+    next `run_steps` starts new episodes.
+    """
+    if environment is not None:
+      self._environment = environment
+    self._timestep = state["timestep"]
+    self._returns, self._lengths = state["returns"], state["lengths"]
+    self.episodes = list(state["episodes"])
+    self._counter = Counter()
+    self._counter.increment(**state["counts"])
+
+  @property
+  def environment(self) -> dm_env.Environment:
+    return self._environment
 
   @property
   def counter(self) -> Counter:

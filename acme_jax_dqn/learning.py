@@ -78,7 +78,9 @@ def init_training_state(networks: Networks, optimizer: optax.GradientTransformat
       target_params=jax.tree.map(jnp.copy, online_params),
       opt_state=optimizer.init(online_params),
       steps=jnp.zeros((), jnp.int32),
-      key=key)
+      key=key,
+      nonfinite_updates=jnp.zeros((), jnp.int32),
+      first_nonfinite_step=jnp.full((), -1, jnp.int32))
 
 
 def make_sgd_step(networks: Networks, loss_fn, optimizer: optax.GradientTransformation,
@@ -87,6 +89,15 @@ def make_sgd_step(networks: Networks, loss_fn, optimizer: optax.GradientTransfor
 
   `batch` is a `ReplaySample` (transitions and importance weights). The
   metrics hold scalars plus `priorities` [B], the new replay priorities.
+
+  An update whose loss or gradient is not finite (a NaN reward, an
+  overflow) is not applied: parameters, target and optimizer state stay as
+  they were, `steps` still advances, and the state counts it
+  (`nonfinite_updates`, `first_nonfinite_step`). Whether the run then stops
+  or goes on is the host's choice (`--skip_nonfinite_updates`); either way
+  non-finite values never reach the parameters or a checkpoint. Items with
+  a non-finite priority get priority 0, so prioritized replay stops drawing
+  them.
   """
 
   def sgd_step(state: TrainingState, batch: replay_lib.ReplaySample):
@@ -99,11 +110,20 @@ def make_sgd_step(networks: Networks, loss_fn, optimizer: optax.GradientTransfor
     updates, opt_state = optimizer.update(grads, state.opt_state, state.online_params)
     online_params = optax.apply_updates(state.online_params, updates)
     steps = state.steps + 1
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(loss_value) & jnp.isfinite(grad_norm)
+    online_params, opt_state = jax.tree.map(
+        lambda new, old: jnp.where(finite, new, old),
+        (online_params, opt_state), (state.online_params, state.opt_state))
     target_params = update_target(online_params, state.target_params, steps,
                                   target_update_period, target_update_tau)
-    metrics = {"loss": loss_value, "grad_norm": optax.global_norm(grads),
-               **extras.metrics, "priorities": extras.priorities}
-    new_state = TrainingState(online_params, target_params, opt_state, steps, state.key)
+    nonfinite_updates = state.nonfinite_updates + (~finite).astype(jnp.int32)
+    first_nonfinite_step = jnp.where((state.first_nonfinite_step < 0) & ~finite,
+                                     steps, state.first_nonfinite_step)
+    metrics = {"loss": loss_value, "grad_norm": grad_norm, **extras.metrics,
+               "priorities": extras.priorities}
+    new_state = TrainingState(online_params, target_params, opt_state, steps, state.key,
+                              nonfinite_updates, first_nonfinite_step)
     return new_state, metrics
 
   return sgd_step
@@ -126,8 +146,10 @@ def make_learner_step(sgd_step: SGDStepFn, replay: replay_lib.Replay,
                            importance_sampling_exponent(state.steps))
     state, metrics = sgd_step(state._replace(key=key), sample)
     priorities = metrics.pop("priorities")
-    # Empty slots drawn by rounding keep priority 0, so they stay unsampleable.
-    priorities = jnp.where(sample.mask > 0, priorities + priority_epsilon, 0.0)
+    # Empty slots drawn by rounding keep priority 0, so they stay unsampleable;
+    # so do items whose TD error is not finite (see the guard in `sgd_step`).
+    keep = (sample.mask > 0) & jnp.isfinite(priorities)
+    priorities = jnp.where(keep, priorities + priority_epsilon, 0.0)
     buffer_state = replay.set_priorities(buffer_state, sample.indices, priorities)
     metrics["importance_weight_mean"] = jnp.mean(sample.weights)
     return (state, buffer_state), metrics
@@ -216,6 +238,13 @@ class Learner:
   def restore(self, state: TrainingState) -> None:
     self._packed = self._packer.pack(state)
     self._state_cache, self._online_cache = state, state.online_params
+
+  def get_metrics_state(self) -> Optional[np.ndarray]:
+    """The last step's packed metrics (numpy), for checkpoints."""
+    return None if self._metrics is None else np.asarray(self._metrics)
+
+  def set_metrics_state(self, metrics: Optional[np.ndarray]) -> None:
+    self._metrics = metrics
 
   @property
   def state(self) -> TrainingState:

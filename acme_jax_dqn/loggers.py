@@ -30,20 +30,50 @@ class TerminalLogger:
 
 
 class CSVLogger:
-  """Appends rows to a CSV file; the columns are fixed by the first row written."""
+  """Writes rows to a CSV file; the columns are fixed by the first row written.
 
-  def __init__(self, path: str):
+  A new logger starts the file afresh. With `keep_rows_up_to=S` (a resumed
+  run) it keeps the rows whose `step_key` is at most S, drops later ones
+  (written after the checkpoint the run resumes from), and appends, so no
+  step appears twice.
+  """
+
+  def __init__(self, path: str, keep_rows_up_to: Optional[float] = None,
+               step_key: str = "env_steps"):
     self.path = path
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     self._file = None
     self._writer = None
+    self._fieldnames = None
+    if keep_rows_up_to is not None and os.path.exists(path):
+      self._fieldnames = self._truncate(keep_rows_up_to, step_key)
+
+  def _truncate(self, last_step: float, step_key: str):
+    with open(self.path, newline="") as f:
+      reader = csv.DictReader(f)
+      fieldnames = reader.fieldnames
+      rows = [row for row in reader if float(row[step_key]) <= last_step]
+    if not fieldnames:
+      return None
+    tmp = self.path + ".tmp"
+    with open(tmp, "w", newline="") as f:
+      writer = csv.DictWriter(f, fieldnames=fieldnames)
+      writer.writeheader()
+      writer.writerows(rows)
+    os.replace(tmp, self.path)
+    return fieldnames
 
   def write(self, values: Mapping[str, Any]) -> None:
     if self._writer is None:
-      self._file = open(self.path, "w", newline="")
-      self._writer = csv.DictWriter(self._file, fieldnames=list(values),
-                                    extrasaction="ignore")
-      self._writer.writeheader()
+      if self._fieldnames is not None:
+        self._file = open(self.path, "a", newline="")
+        self._writer = csv.DictWriter(self._file, fieldnames=self._fieldnames,
+                                      extrasaction="ignore")
+      else:
+        self._file = open(self.path, "w", newline="")
+        self._writer = csv.DictWriter(self._file, fieldnames=list(values),
+                                      extrasaction="ignore")
+        self._writer.writeheader()
     self._writer.writerow(dict(values))
     self._file.flush()
 

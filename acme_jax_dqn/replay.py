@@ -173,6 +173,16 @@ class ReplayBuffer:
     while self.pending_chunks > keep:
       self.state = self._add(self.state, self.pop_chunk())
 
+  def get_host_state(self) -> dict:
+    """Staged items and the write count (numpy), for checkpoints; `state` is saved apart."""
+    return {"staged": Transition(*(buf[:self._staged].copy() for buf in self._staging)),
+            "num_written": self.num_written}
+
+  def set_host_state(self, host_state: dict) -> None:
+    self._staged = 0
+    self.insert(host_state["staged"])
+    self.num_written = host_state["num_written"]
+
   def example_chunk(self) -> Transition:
     return Transition(*(np.zeros_like(buf[:self.insert_chunk]) for buf in self._staging))
 

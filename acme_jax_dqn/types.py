@@ -28,5 +28,10 @@ class TrainingState(NamedTuple):
   online_params: Params
   target_params: Params
   opt_state: optax.OptState
-  steps: chex.Array  # Learner (SGD) steps taken, int32 scalar.
+  steps: chex.Array  # Learner (SGD) steps taken, int32 scalar (skipped ones included).
   key: chex.PRNGKey
+  # The NaN/inf guard: updates with a non-finite loss or gradient are not
+  # applied; they are counted, and the first one's learner step is kept
+  # (-1 while there is none), so the host can stop or go on (see `sgd_step`).
+  nonfinite_updates: chex.Array  # int32 scalar.
+  first_nonfinite_step: chex.Array  # int32 scalar.

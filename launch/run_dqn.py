@@ -4,6 +4,7 @@ import json
 import sys
 
 from absl import app
+from absl import logging
 
 from launch import flags as launch_flags
 
@@ -13,15 +14,25 @@ launch_flags.define_flags()
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments {argv[1:]}: every option is a --flag.")
+  if not launch_flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO.
+  from acme_jax_dqn.checkpointing import CheckpointError
+  from agents.dqn.checkpoints import NonFiniteError, RunInterrupted
   from agents.dqn.config import ConfigError
   from agents.dqn.experiment import run_experiment
   try:
     config = launch_flags.config_from_flags()
     experiment = launch_flags.experiment_from_flags()
     summary = run_experiment(experiment, config)
-  except ConfigError as error:  # Bad input: say what and how to fix it, no traceback.
+  except (ConfigError, CheckpointError) as error:  # Bad input: what and how to fix it.
     print(f"error: {error}", file=sys.stderr)
     return 2
+  except NonFiniteError as error:
+    print(f"error: {error}", file=sys.stderr)
+    return 3
+  except RunInterrupted as stop:  # SIGTERM / Ctrl-C: saved, stopped cleanly.
+    print(f"stopped: {stop}", file=sys.stderr)
+    return stop.exit_code
   brief = {k: summary[k] for k in ("env", "env_steps", "learner_steps", "wall_s",
                                    "sps", "eval_return_mean", "eval_return_std")}
   print(json.dumps(brief))

@@ -19,11 +19,13 @@ import jax
 import numpy as np
 
 from acme_jax_dqn import anakin as anakin_lib
+from acme_jax_dqn import checkpointing
 from acme_jax_dqn import envs
 from acme_jax_dqn import loggers
+from agents.dqn import checkpoints
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import ConfigError, DQNConfig
-from agents.dqn.experiment import ExperimentConfig, base_summary
+from agents.dqn.experiment import ExperimentConfig, checkpoint_summary, base_summary
 
 
 class AnakinPlan:
@@ -41,8 +43,9 @@ class AnakinPlan:
           f"iteration ({self.steps_per_iteration} env steps with --num_envs={E}). "
           "Raise --total_steps.")
     period = experiment.log_every
-    if experiment.eval_every:
-      period = min(period, experiment.eval_every)
+    for every in (experiment.eval_every, experiment.checkpoint_every):
+      if every:
+        period = min(period, every)
     per_chunk = max(1, period // self.steps_per_iteration)
     # Chunks of one length (one compilation); the budget is never exceeded.
     self.num_chunks = max(1, round(iterations / per_chunk))
@@ -63,8 +66,14 @@ def _mean(values) -> float:
 
 
 def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str, Any]:
-  """Trains `num_seeds` seeds in one compiled program; writes the local mode's files."""
+  """Trains `num_seeds` seeds in one compiled program; writes the local mode's files.
+
+  Checkpoints hold the whole compiled state (learner, replay, environments,
+  keys) for all seeds and are saved between chunks: at the end, every
+  `checkpoint_every` env steps, and on SIGTERM / Ctrl-C.
+  """
   start = time.perf_counter()
+  checkpoints.check_experiment(experiment)
   try:  # Bad input: a non-JAX env, an unknown id, actions or observations the network cannot take.
     env = envs.make_jax_environment(experiment.env)
     builder = DQNBuilder(config)
@@ -75,7 +84,6 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
   plan = AnakinPlan(trainer, config, experiment)
   num_seeds = experiment.num_seeds
   seeds = [experiment.seed + i for i in range(num_seeds)]
-
   train_keys = np.stack([np.asarray(jax.random.PRNGKey(s)) for s in seeds])
   # Evaluation has its own stream per seed (as local mode's eval env seed + 1e6).
   eval_keys = np.stack([np.asarray(jax.random.PRNGKey(s + 1_000_000)) for s in seeds])
@@ -91,15 +99,27 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
       state_shape, np.int32(0)).compile()
   state = init(train_keys)
   jax.block_until_ready(state)
+
+  run_checkpoints = checkpoints.RunCheckpoints(experiment, config)
+  eval_rows: List[Dict[str, Any]] = []
+  done_chunks, learner_steps, last_row, resumed_from = 0, 0, {}, None
+  if experiment.resume:
+    arrays, meta, host = run_checkpoints.restore({"anakin": state})
+    state = arrays["anakin"]
+    done_chunks, learner_steps = host["chunks"], host["learner_steps"]
+    eval_rows, last_row = list(host["eval_rows"]), dict(host["last_row"])
+    resumed_from = int(meta["env_steps"])
   # `compile_s`: all the time before the first env step of training
   # (the n-step window fill in `init` is a few steps).
   compile_s = time.perf_counter() - start
+  first_step = plan.fill_env_steps + done_chunks * plan.iterations_per_chunk * plan.steps_per_iteration
 
   os.makedirs(experiment.logdir, exist_ok=True)
-  train_csv = loggers.CSVLogger(os.path.join(experiment.logdir, "train.csv"))
-  eval_csv = loggers.CSVLogger(os.path.join(experiment.logdir, "eval.csv"))
+  train_csv = loggers.CSVLogger(os.path.join(experiment.logdir, "train.csv"),
+                                keep_rows_up_to=resumed_from)
+  eval_csv = loggers.CSVLogger(os.path.join(experiment.logdir, "eval.csv"),
+                               keep_rows_up_to=resumed_from)
   terminal = None if experiment.quiet else loggers.TerminalLogger("train")
-  eval_rows: List[Dict[str, Any]] = []
   eval_s = 0.0
   train_start = time.perf_counter()
 
@@ -123,42 +143,67 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
       loggers.TerminalLogger("eval").write(row)
     eval_rows.append({**row, "eval_return_per_seed": per_seed.tolist()})
 
-  next_eval = experiment.eval_every or None
-  learner_steps, last_row = 0, {}
-  for chunk in range(1, plan.num_chunks + 1):
-    state, metrics = train_chunk(state, np.int32((chunk - 1) * plan.iterations_per_chunk))
-    metrics = jax.device_get(metrics)  # One transfer per chunk, [num_seeds] each.
-    env_steps = int(metrics.pop("env_steps")[0])
-    learner_steps = int(metrics.pop("learner_steps")[0])
-    episodes = metrics.pop("episodes")
-    return_sum = metrics.pop("episode_return_sum")
-    with np.errstate(invalid="ignore", divide="ignore"):
-      returns = np.where(episodes > 0, return_sum / np.maximum(episodes, 1), np.nan)
-    elapsed = time.perf_counter() - train_start - eval_s
-    last_row = {"env_steps": env_steps, "learner_steps": learner_steps,
-                "wall_s": time.perf_counter() - start,
-                "sps": env_steps / max(elapsed, 1e-9),
-                "episodes": int(episodes.sum()),
-                "return_recent": float(np.nanmean(returns)) if np.any(episodes) else math.nan,
-                **{name: _mean(value) for name, value in metrics.items()}}
-    train_csv.write(last_row)
-    if terminal:
-      terminal.write(last_row)
-    if next_eval is not None and env_steps >= next_eval:
-      run_eval(env_steps, learner_steps, len(eval_rows))
-      while next_eval <= env_steps:
-        next_eval += experiment.eval_every
+  def save(env_steps: int, chunks: int):
+    return run_checkpoints.save(env_steps, {"anakin": state}, {
+        "chunks": chunks, "learner_steps": learner_steps, "eval_rows": eval_rows,
+        "last_row": last_row}, {"run_mode": "anakin", "learner_steps": learner_steps,
+                                "num_seeds": num_seeds, "replay_saved": True},
+        params=state.learner.online_params)
+
+  next_eval = checkpoints.next_multiple(first_step, experiment.eval_every)
+  next_save = checkpoints.next_multiple(first_step, run_checkpoints.every)
+  nonfinite_updates = 0
+  with checkpoints.Preemption() as preemption:
+    for chunk in range(done_chunks + 1, plan.num_chunks + 1):
+      state, metrics = train_chunk(state, np.int32((chunk - 1) * plan.iterations_per_chunk))
+      metrics = jax.device_get(metrics)  # One transfer per chunk, [num_seeds] each.
+      env_steps = int(metrics.pop("env_steps")[0])
+      learner_steps = int(metrics.pop("learner_steps")[0])
+      episodes = metrics.pop("episodes")
+      return_sum = metrics.pop("episode_return_sum")
+      first_nonfinite = metrics.pop("first_nonfinite_step")
+      nonfinite_updates = int(metrics.pop("nonfinite_updates").sum())
+      with np.errstate(invalid="ignore", divide="ignore"):
+        returns = np.where(episodes > 0, return_sum / np.maximum(episodes, 1), np.nan)
+      elapsed = time.perf_counter() - train_start - eval_s
+      last_row = {"env_steps": env_steps, "learner_steps": learner_steps,
+                  "wall_s": time.perf_counter() - start,
+                  "sps": (env_steps - first_step) / max(elapsed, 1e-9),
+                  "episodes": int(episodes.sum()),
+                  "return_recent": float(np.nanmean(returns)) if np.any(episodes) else math.nan,
+                  **{name: _mean(value) for name, value in metrics.items()},
+                  "nonfinite_updates": nonfinite_updates}
+      train_csv.write(last_row)
+      if terminal:
+        terminal.write(last_row)
+      bad = [(int(step), s) for step, s in zip(first_nonfinite, seeds) if step >= 0]
+      if bad:
+        run_checkpoints.check_finite(min(bad)[0], f" (seed {min(bad)[1]}, env step <= "
+                                     f"{env_steps})")
+      if next_eval is not None and env_steps >= next_eval:
+        run_eval(env_steps, learner_steps, len(eval_rows))
+        next_eval = checkpoints.next_multiple(env_steps, experiment.eval_every)
+      if run_checkpoints.due(env_steps, next_save):
+        save(env_steps, chunk)
+        next_save = checkpoints.next_multiple(env_steps, run_checkpoints.every)
+      if preemption.requested() and chunk < plan.num_chunks:
+        raise checkpoints.RunInterrupted(preemption.signum, env_steps, save(env_steps, chunk))
+      run_checkpoints.maybe_kill(env_steps)
   if not eval_rows or eval_rows[-1]["env_steps"] != plan.env_steps:
     run_eval(plan.env_steps, learner_steps, len(eval_rows))
   wall_s = time.perf_counter() - start
   train_csv.close()
   eval_csv.close()
-
+  save(plan.env_steps, plan.num_chunks)
+  run_checkpoints.close()
   final = eval_rows[-1]
   summary = base_summary(experiment, config, env_steps=plan.env_steps,
                          learner_steps=learner_steps, wall_s=wall_s, compile_s=compile_s,
-                         eval_s=eval_s, final_eval=final)
+                         eval_s=eval_s, final_eval=final,
+                         steps_this_start=plan.env_steps - first_step)
   learn_env_steps = plan.env_steps - plan.fill_env_steps - config.min_replay_size
+  steps_all_seeds = (plan.env_steps - first_step) * num_seeds
+  online_params = state.learner.online_params
   summary.update(
       train_return_recent=last_row.get("return_recent", math.nan),
       num_seeds=num_seeds,
@@ -166,12 +211,18 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
       eval_return_per_seed=final["eval_return_per_seed"],
       eval_return_min_seed=final["eval_return_min_seed"],
       env_steps_all_seeds=plan.env_steps * num_seeds,
-      sps_all_seeds=plan.env_steps * num_seeds / wall_s,
-      sps_after_compile_all_seeds=plan.env_steps * num_seeds / (wall_s - compile_s),
+      sps_all_seeds=steps_all_seeds / wall_s,
+      sps_after_compile_all_seeds=steps_all_seeds / (wall_s - compile_s),
       env_steps_per_iteration=plan.steps_per_iteration,
       learner_calls_per_iteration=trainer.learner_calls_per_iteration,
       samples_per_insert_effective=(learner_steps * config.batch_size
                                     / max(learn_env_steps, 1)),
+      params_checksum=checkpointing.params_checksum(online_params),
+      params_checksum_per_seed=[
+          checkpointing.params_checksum(jax.tree.map(lambda x, i=i: x[i], online_params))
+          for i in range(num_seeds)],
+      nonfinite_updates=nonfinite_updates,
+      **checkpoint_summary(run_checkpoints, resumed_from),
   )
   loggers.write_json_atomic(os.path.join(experiment.logdir, "summary.json"), summary)
   return summary

@@ -2,6 +2,7 @@
 
 import dataclasses
 import os
+import pickle
 import platform
 import time
 from typing import Any, Dict, List, Optional
@@ -9,11 +10,13 @@ from typing import Any, Dict, List, Optional
 import jax
 import numpy as np
 
+from acme_jax_dqn import checkpointing
 from acme_jax_dqn import environment_loop as loop_lib
 from acme_jax_dqn import envs
 from acme_jax_dqn import loggers
 from acme_jax_dqn import specs
 from acme_jax_dqn import utils
+from agents.dqn import checkpoints
 from agents.dqn.config import ConfigError, DQNConfig
 from agents.dqn.local import LocalAgent
 
@@ -41,6 +44,18 @@ class ExperimentConfig:
       reruns of the same program load it instead of compiling.
     one_cpu_core: run XLA's CPU client on one core (faster compiled loops,
       slower cold compiles; see `utils.run_xla_on_one_cpu_core`).
+    save_checkpoints: save orbax checkpoints (at the end, every
+      `checkpoint_every` env steps, and on SIGTERM / Ctrl-C).
+    checkpoint_dir: where checkpoints go ("" is `<logdir>/checkpoints`).
+    checkpoint_every: env steps between checkpoints (0: at the end and on
+      SIGTERM / Ctrl-C only).
+    keep_checkpoints: newest checkpoints kept (0 keeps all).
+    checkpoint_replay: save the replay buffer too (what makes resume
+      exact; without it a resumed local run refills replay first).
+    resume: continue from the newest checkpoint in `checkpoint_dir` toward
+      the same `total_steps` (the budget is the whole run's).
+    skip_nonfinite_updates: on a non-finite loss or gradient, skip the
+      update and go on (counted in train.csv) instead of stopping the run.
   """
   env: str = "gymnasium:CartPole-v1"
   run_mode: str = "local"
@@ -54,6 +69,13 @@ class ExperimentConfig:
   num_seeds: int = 1
   compilation_cache_dir: str = ""
   one_cpu_core: bool = False
+  save_checkpoints: bool = True
+  checkpoint_dir: str = ""
+  checkpoint_every: int = 0
+  keep_checkpoints: int = 3
+  checkpoint_replay: bool = True
+  resume: bool = False
+  skip_nonfinite_updates: bool = False
 
   def __post_init__(self):
     if self.run_mode not in RUN_MODES:
@@ -100,8 +122,14 @@ def run_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str,
 
 def base_summary(experiment: ExperimentConfig, config: DQNConfig, *, env_steps: int,
                  learner_steps: int, wall_s: float, compile_s: float, eval_s: float,
-                 final_eval: Dict[str, Any]) -> Dict[str, Any]:
-  """The summary.json fields every run mode writes (a public contract: add, never rename)."""
+                 final_eval: Dict[str, Any],
+                 steps_this_start: Optional[int] = None) -> Dict[str, Any]:
+  """The summary.json fields every run mode writes (a public contract: add, never rename).
+
+  `sps` and `sps_after_compile` count the env steps of this process
+  (`steps_this_start`, all of them unless the run was resumed).
+  """
+  steps = env_steps if steps_this_start is None else steps_this_start
   return {
       "env": experiment.env,
       "run_mode": experiment.run_mode,
@@ -111,8 +139,9 @@ def base_summary(experiment: ExperimentConfig, config: DQNConfig, *, env_steps: 
       "wall_s": wall_s,
       "compile_s": compile_s,
       "eval_s": eval_s,
-      "sps": env_steps / wall_s,
-      "sps_after_compile": env_steps / (wall_s - compile_s),
+      "sps": steps / wall_s,
+      "sps_after_compile": steps / (wall_s - compile_s),
+      "env_steps_this_start": steps,
       "eval_return_mean": final_eval["eval_return_mean"],
       "eval_return_std": final_eval["eval_return_std"],
       "eval_episodes": final_eval["eval_episodes"],
@@ -123,10 +152,27 @@ def base_summary(experiment: ExperimentConfig, config: DQNConfig, *, env_steps: 
   }
 
 
+def _picklable(obj) -> bool:
+  try:
+    pickle.dumps(obj)
+    return True
+  except Exception:  # pylint: disable=broad-except
+    return False
+
+
 def run_local_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str, Any]:
-  """Trains in local mode (Python loop) and returns (and writes) the summary."""
+  """Trains in local mode (Python loop) and returns (and writes) the summary.
+
+  With checkpoints on, the run saves at the end, every `checkpoint_every`
+  env steps and on SIGTERM / Ctrl-C (then raises `RunInterrupted`);
+  `resume` continues from the newest checkpoint. A checkpoint holds the
+  learner state, the replay (with `checkpoint_replay`), the actors' RNG
+  states, the adder's windows and the environments (pickled, when they
+  pickle), so a resumed run repeats the uninterrupted one exactly.
+  """
   start = time.perf_counter()
   utils.configure_cpu_dispatch(config.num_envs)
+  checkpoints.check_experiment(experiment)
   seed = experiment.seed
   num_envs = None if config.num_envs == 1 else config.num_envs
   try:  # Bad input shows up here: unknown env, actions or observations the network cannot take.
@@ -139,10 +185,30 @@ def run_local_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dic
     raise ConfigError(str(error)) from error
   eval_actor = agent.builder.make_actor(agent.networks, agent.learner, eval_key,
                                         evaluation=True)
+  loop = loop_lib.EnvironmentLoop(environment, agent)
+  run_checkpoints = checkpoints.RunCheckpoints(experiment, config)
+  eval_rows: List[Dict[str, Any]] = []
+  resumed_from = None
+  if experiment.resume:
+    target, _ = agent.checkpoint(include_replay=experiment.checkpoint_replay)
+    arrays, meta, host = run_checkpoints.restore(target)
+    agent.restore(arrays, host["agent"])
+    loop_state = host["loop"]
+    if host["environment"] is None:  # The env did not pickle: start new episodes.
+      loop_state = {**loop_state, "timestep": None}
+      agent.actor.set_state({**host["agent"]["actor"], "adder": None})
+    loop.set_state(loop_state, environment=host["environment"])
+    if host["eval_environment"] is not None:
+      eval_environment = host["eval_environment"]
+    eval_actor.set_state(host["eval_actor"])
+    eval_rows = list(host["eval_rows"])
+    resumed_from = int(meta["env_steps"])
 
   os.makedirs(experiment.logdir, exist_ok=True)
-  train_csv = loggers.CSVLogger(os.path.join(experiment.logdir, "train.csv"))
-  eval_csv = loggers.CSVLogger(os.path.join(experiment.logdir, "eval.csv"))
+  train_csv = loggers.CSVLogger(os.path.join(experiment.logdir, "train.csv"),
+                                keep_rows_up_to=resumed_from)
+  eval_csv = loggers.CSVLogger(os.path.join(experiment.logdir, "eval.csv"),
+                               keep_rows_up_to=resumed_from)
   terminal = loggers.TerminalLogger("train") if not experiment.quiet else None
 
   # Compile everything once on dummy inputs, so compile time is measured apart:
@@ -152,9 +218,13 @@ def run_local_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dic
   eval_actor.warmup(observation)
   compile_s = time.perf_counter() - start
 
-  loop = loop_lib.EnvironmentLoop(environment, agent)
-  eval_rows, eval_s = [], 0.0
-  env_steps, next_eval, next_log = 0, experiment.eval_every or None, experiment.log_every
+  eval_s = 0.0
+  env_steps = int(loop.counter.get_counts().get("steps", 0))
+  first_step = env_steps
+  every = experiment
+  next_eval = checkpoints.next_multiple(env_steps, every.eval_every)
+  next_log = checkpoints.next_multiple(env_steps, every.log_every)
+  next_save = checkpoints.next_multiple(env_steps, run_checkpoints.every)
   train_start = time.perf_counter()
 
   def run_eval():
@@ -172,38 +242,79 @@ def run_local_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dic
       loggers.TerminalLogger("eval").write(row)
     eval_rows.append(row)
 
-  while env_steps < experiment.total_steps:
-    chunk = min(next_log, experiment.total_steps) - env_steps
-    if next_eval is not None:
-      chunk = min(chunk, next_eval - env_steps)
-    loop.run_steps(max(1, chunk))
-    env_steps = int(loop.counter.get_counts()["steps"])
-    if env_steps >= next_log or env_steps >= experiment.total_steps:
-      while next_log <= env_steps:
-        next_log += experiment.log_every
-      elapsed = time.perf_counter() - train_start - eval_s
-      row = {"env_steps": env_steps, "learner_steps": agent.learner_steps,
-             "wall_s": time.perf_counter() - start,
-             "sps": env_steps / max(elapsed, 1e-9),
-             "episodes": len(loop.episodes),
-             "return_recent": _recent_mean(loop.episodes),
-             "epsilon": agent.actor.epsilon, **agent.learner.metrics()}
-      train_csv.write(row)
-      if terminal:
-        terminal.write(row)
-    if next_eval is not None and env_steps >= next_eval:
-      run_eval()
-      next_eval += experiment.eval_every
+  def check_finite():
+    run_checkpoints.check_finite(int(agent.learner.state.first_nonfinite_step),
+                                 f" (env step <= {env_steps})")
+
+  def save():
+    check_finite()  # Never overwrite the last good checkpoint with a non-finite state.
+    arrays, agent_host = agent.checkpoint(include_replay=experiment.checkpoint_replay)
+    env_ok = _picklable(loop.environment)
+    host = {"agent": agent_host, "loop": loop.get_state(),
+            "environment": loop.environment if env_ok else None,
+            "eval_environment": eval_environment if _picklable(eval_environment) else None,
+            "eval_actor": eval_actor.get_state(), "eval_rows": eval_rows}
+    return run_checkpoints.save(env_steps, arrays, host, {
+        "run_mode": "local", "learner_steps": agent.learner_steps,
+        "environment_saved": env_ok, "replay_saved": experiment.checkpoint_replay},
+        params=arrays["learner"].online_params)
+
+  with checkpoints.Preemption() as preemption:
+    while env_steps < experiment.total_steps:
+      chunk = min(x for x in (next_log, next_eval, next_save, experiment.total_steps)
+                  if x is not None) - env_steps
+      loop.run_steps(max(1, chunk), should_stop=preemption.requested)
+      env_steps = int(loop.counter.get_counts()["steps"])
+      if env_steps >= next_log or env_steps >= experiment.total_steps:
+        next_log = checkpoints.next_multiple(env_steps, experiment.log_every)
+        elapsed = time.perf_counter() - train_start - eval_s
+        row = {"env_steps": env_steps, "learner_steps": agent.learner_steps,
+               "wall_s": time.perf_counter() - start,
+               "sps": (env_steps - first_step) / max(elapsed, 1e-9),
+               "episodes": len(loop.episodes),
+               "return_recent": _recent_mean(loop.episodes),
+               "epsilon": agent.actor.epsilon, **agent.learner.metrics(),
+               "nonfinite_updates": int(agent.learner.state.nonfinite_updates)}
+        train_csv.write(row)
+        if terminal:
+          terminal.write(row)
+        check_finite()
+      if next_eval is not None and env_steps >= next_eval:
+        run_eval()
+        next_eval = checkpoints.next_multiple(env_steps, experiment.eval_every)
+      if run_checkpoints.due(env_steps, next_save):
+        save()
+        next_save = checkpoints.next_multiple(env_steps, run_checkpoints.every)
+      if preemption.requested() and env_steps < experiment.total_steps:
+        raise checkpoints.RunInterrupted(preemption.signum, env_steps, save())
+      run_checkpoints.maybe_kill(env_steps)
+  check_finite()
   if not eval_rows or eval_rows[-1]["env_steps"] != env_steps:
     run_eval()
   wall_s = time.perf_counter() - start
   train_csv.close()
   eval_csv.close()
+  save()  # The final checkpoint: for launch.evaluate, or to train on with a larger budget.
+  run_checkpoints.close()
 
   summary = base_summary(experiment, config, env_steps=env_steps,
                          learner_steps=agent.learner_steps, wall_s=wall_s,
-                         compile_s=compile_s, eval_s=eval_s, final_eval=eval_rows[-1])
+                         compile_s=compile_s, eval_s=eval_s, final_eval=eval_rows[-1],
+                         steps_this_start=env_steps - first_step)
   summary.update(train_episodes=len(loop.episodes),
-                 train_return_recent=_recent_mean(loop.episodes))
+                 train_return_recent=_recent_mean(loop.episodes),
+                 **checkpoint_summary(run_checkpoints, resumed_from),
+                 params_checksum=checkpointing.params_checksum(
+                     agent.learner.state.online_params),
+                 nonfinite_updates=int(agent.learner.state.nonfinite_updates))
   loggers.write_json_atomic(os.path.join(experiment.logdir, "summary.json"), summary)
   return summary
+
+
+def checkpoint_summary(run_checkpoints: "checkpoints.RunCheckpoints",
+                        resumed_from: Optional[int]) -> Dict[str, Any]:
+  return {"resumed_from_step": resumed_from,
+          "checkpoint_dir": run_checkpoints.directory if run_checkpoints.enabled else None,
+          "last_checkpoint": run_checkpoints.last_path,
+          "checkpoint_s": run_checkpoints.save_s,
+          "completed": True}

@@ -32,6 +32,9 @@ class LocalAgent:
     self.actor = builder.make_actor(self.networks, self.learner, actor_key,
                                     adder=adder, num_envs=num_envs)
     self.learner_calls = 0  # Host-side count: no device sync to read it.
+    # Learner calls made before the replay was last emptied (a resume without
+    # a saved replay): learning restarts once `min_replay_size` new items are in.
+    self._calls_base = 0
 
   # Actor interface (Acme's `core.Actor`).
   def select_action(self, observation):
@@ -59,12 +62,41 @@ class LocalAgent:
       return 0
     target_calls = int(learnable * self.config.samples_per_insert
                        // self.config.samples_per_learner_step)
-    return target_calls - self.learner_calls
+    return target_calls - (self.learner_calls - self._calls_base)
 
   @property
   def learner_steps(self) -> int:
     """SGD steps taken (learner calls times SGD steps per call)."""
     return self.learner_calls * self.config.num_sgd_steps_per_step
+
+  def checkpoint(self, include_replay: bool = True):
+    """(arrays, host): what exact resume needs, for `checkpointing.Checkpointer.save`.
+
+    `arrays` holds the learner's TrainingState and, with `include_replay`,
+    the replay buffer state; `host` the actor's RNG states and step count,
+    the adder's windows, the staged replay items and the learner-call count.
+    """
+    arrays = {"learner": self.learner.state}
+    if include_replay:
+      arrays["replay"] = self.replay_buffer.state
+    host = {"learner_calls": self.learner_calls, "calls_base": self._calls_base,
+            "learner_metrics": self.learner.get_metrics_state(),
+            "actor": self.actor.get_state(),
+            "replay": self.replay_buffer.get_host_state() if include_replay else None}
+    return arrays, host
+
+  def restore(self, arrays, host) -> None:
+    """Continues from `checkpoint()`'s output; without a saved replay it starts empty."""
+    self.learner.restore(arrays["learner"])
+    self.learner.set_metrics_state(host["learner_metrics"])
+    self.learner_calls = host["learner_calls"]
+    self.actor.set_state(host["actor"])
+    if "replay" in arrays:
+      self.replay_buffer.state = arrays["replay"]
+      self.replay_buffer.set_host_state(host["replay"])
+      self._calls_base = host["calls_base"]
+    else:
+      self._calls_base = self.learner_calls
 
   def get_variables(self, names=("policy",)):
     return self.learner.get_variables(names)

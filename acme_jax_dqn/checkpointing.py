@@ -1,0 +1,252 @@
+"""Checkpoints on orbax: atomic saves, keep-N, restores that skip cut-off saves and name mismatches.
+
+A checkpoint is one orbax step directory `<checkpoint_dir>/<env step>/`
+with three items:
+  state: the array pytree (learner `TrainingState`, replay buffer state,
+    or anakin's whole compiled state), saved and restored by orbax;
+  host: a byte array holding a pickle of the host-side Python state a
+    local run needs for exact resume (environment objects, numpy RNG
+    states, the adder's n-step windows, staged replay items). Pickles
+    execute code when loaded: restore only checkpoints you wrote;
+  meta: JSON with the step counts, the run's config and flags, and the
+    layout (path, shape, dtype) of every leaf of `state`.
+
+Orbax writes a step into a temporary directory and renames it when it is
+complete, so a save cut off half-way is never listed. A step directory
+that is listed but cannot be read (a copy cut off, a disk error) is moved
+aside to `corrupt-<step>-<time>/` (kept, never deleted) and the previous
+complete checkpoint is used, with a warning. A checkpoint whose layout
+differs from the current run's is an error naming the first differing
+leaf and the flags that differ from the checkpoint's run.
+"""
+
+import hashlib
+import os
+import pickle
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import jax
+import numpy as np
+
+FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+  """A checkpoint that cannot be used; the message names the problem and the fix."""
+
+
+def tree_layout(tree) -> List[List[Any]]:
+  """[path, shape, dtype] of every leaf, in a stable order (JSON-friendly)."""
+  leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return [[jax.tree_util.keystr(path), list(np.shape(leaf)), str(np.asarray(leaf).dtype)
+           if not hasattr(leaf, "dtype") else str(leaf.dtype)] for path, leaf in leaves]
+
+
+def params_checksum(params) -> str:
+  """sha256 over every leaf's path, dtype, shape and bytes: equal iff the parameters are."""
+  digest = hashlib.sha256()
+  leaves, _ = jax.tree_util.tree_flatten_with_path(jax.device_get(params))
+  for path, leaf in leaves:
+    array = np.ascontiguousarray(leaf)
+    digest.update(f"{jax.tree_util.keystr(path)}|{array.dtype.str}|{array.shape}|".encode())
+    digest.update(array.tobytes())
+  return "sha256:" + digest.hexdigest()
+
+
+def differing_fields(saved: Dict[str, Any], current: Dict[str, Any],
+                     ignore: Sequence[str] = ()) -> List[str]:
+  """`--name=current (checkpoint: saved)` for every field whose value differs."""
+  out = []
+  for name in sorted(set(saved) | set(current)):
+    if name in ignore:
+      continue
+    a, b = saved.get(name), current.get(name)
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+      a, b = list(a or []), list(b or [])
+    if a != b:
+      show = lambda v: ",".join(map(str, v)) if isinstance(v, list) else v  # noqa: E731
+      out.append(f"--{name}={show(b)} (checkpoint: {show(a)})")
+  return out
+
+
+def first_layout_difference(saved: List[List[Any]], current: List[List[Any]]) -> Optional[str]:
+  """Names the first leaf that is missing, extra, or of another shape or dtype; None if equal."""
+  saved_map = {path: (tuple(shape), dtype) for path, shape, dtype in saved}
+  current_map = {path: (tuple(shape), dtype) for path, shape, dtype in current}
+  for path, shape, dtype in current:
+    if path not in saved_map:
+      return f"leaf {path} (shape {tuple(shape)}) is not in the checkpoint"
+    if saved_map[path] != (tuple(shape), dtype):
+      old_shape, old_dtype = saved_map[path]
+      return (f"leaf {path} has shape {old_shape} {old_dtype} in the checkpoint "
+              f"but {tuple(shape)} {dtype} in this run")
+  for path, shape, _ in saved:
+    if path not in current_map:
+      return f"leaf {path} (shape {tuple(shape)}) of the checkpoint is not in this run"
+  return None
+
+
+def _ocp():
+  import orbax.checkpoint as ocp  # Imported when checkpoints are used (about 1 s).
+  return ocp
+
+
+class Checkpointer:
+  """Saves and restores numbered checkpoints in one directory.
+
+  Args:
+    directory: where the step directories go (created on the first save).
+    max_to_keep: newest checkpoints kept; older ones are deleted after a
+      save (None keeps all).
+  """
+
+  def __init__(self, directory: str, max_to_keep: Optional[int] = None):
+    self.directory = os.path.abspath(os.path.expanduser(directory))
+    self._max_to_keep = max_to_keep
+    self._manager = None
+
+  def _get_manager(self):
+    if self._manager is None:
+      ocp = _ocp()
+      options = ocp.CheckpointManagerOptions(
+          max_to_keep=self._max_to_keep, enable_async_checkpointing=False, create=True)
+      self._manager = ocp.CheckpointManager(self.directory, options=options)
+    return self._manager
+
+  def steps(self) -> List[int]:
+    """Steps of the complete (committed) checkpoints, oldest first."""
+    if not os.path.isdir(self.directory):
+      return []
+    manager = self._get_manager()
+    manager.reload()
+    return sorted(manager.all_steps())
+
+  def latest_step(self) -> Optional[int]:
+    steps = self.steps()
+    return steps[-1] if steps else None
+
+  def path(self, step: int) -> str:
+    return os.path.join(self.directory, str(step))
+
+  def save(self, step: int, state, meta: Dict[str, Any], host: Any = None,
+           params=None) -> str:
+    """Writes checkpoint `step` (atomically) and returns its directory.
+
+    `state` is a pytree of arrays; `host` any picklable object; `meta` JSON;
+    `params` the policy's parameters, also saved on their own so that
+    evaluation and export read them without the replay (`restore_params`).
+    A step that is already saved is left as it is.
+    """
+    ocp = _ocp()
+    manager = self._get_manager()
+    if step in manager.all_steps():
+      return self.path(step)
+    meta = {**meta, "format": FORMAT_VERSION, "layout": tree_layout(state),
+            "saved_at": time.time()}
+    host_bytes = np.frombuffer(pickle.dumps(host, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state),
+        host=ocp.args.StandardSave({"pickle": host_bytes}),
+        params=ocp.args.StandardSave({"params": params}),
+        meta=ocp.args.JsonSave(meta)), force=True)
+    manager.wait_until_finished()
+    return self.path(step)
+
+  def read_meta(self, step: int) -> Dict[str, Any]:
+    ocp = _ocp()
+    restored = self._get_manager().restore(step, args=ocp.args.Composite(
+        meta=ocp.args.JsonRestore()))
+    return dict(restored.meta)
+
+  def restore_params(self, step: Optional[int] = None) -> Tuple[Any, Dict[str, Any], int]:
+    """(params, meta, step) of checkpoint `step` (default the newest); params as saved.
+
+    Raises CheckpointError naming the directory when there is no such
+    checkpoint or it cannot be read.
+    """
+    ocp = _ocp()
+    steps = self.steps()
+    if not steps or (step is not None and step not in steps):
+      what = "no checkpoint" if not steps else f"no checkpoint {step} (it has {steps})"
+      raise CheckpointError(f"{self.directory} has {what}. Point --checkpoint_dir at a "
+                            "run's checkpoint directory (default <logdir>/checkpoints).")
+    step = steps[-1] if step is None else step
+    try:
+      restored = self._get_manager().restore(step, args=ocp.args.Composite(
+          params=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+    except Exception as error:  # pylint: disable=broad-except
+      raise CheckpointError(
+          f"Checkpoint {self.path(step)} cannot be read ({type(error).__name__}: "
+          f"{str(error).splitlines()[0][:200] if str(error) else ''}). Pass --step with "
+          f"an earlier one of {steps}.") from None
+    return restored.params["params"], dict(restored.meta), step
+
+  def restore(self, target, explain=None, step: Optional[int] = None
+              ) -> Tuple[Any, Dict[str, Any], Any, int]:
+    """Restores the newest readable checkpoint (or `step`) into `target`'s structure.
+
+    Args:
+      target: a pytree like the saved `state` (e.g. the freshly made one).
+      explain: meta -> text naming the flags that differ from the
+        checkpoint's run, added to a layout-mismatch error.
+      step: a particular step; None takes the newest that reads.
+
+    Returns:
+      (state, meta, host, step).
+
+    Raises:
+      CheckpointError: no checkpoint, none readable, or a layout mismatch.
+    """
+    ocp = _ocp()
+    steps = self.steps() if step is None else [step]
+    if not steps:
+      raise CheckpointError(
+          f"--resume: no checkpoint in {self.directory}. Start without --resume, or "
+          "point --checkpoint_dir at the directory of the run to continue.")
+    current_layout = tree_layout(target)
+    set_aside = []
+    for candidate in reversed(steps):
+      try:
+        meta = self.read_meta(candidate)
+      except Exception as error:  # pylint: disable=broad-except
+        set_aside.append(self._set_aside(candidate, error))
+        continue
+      difference = first_layout_difference(meta.get("layout", []), current_layout)
+      if difference is not None:
+        hint = explain(meta) if explain else ""
+        raise CheckpointError(
+            f"The checkpoint {self.path(candidate)} does not fit this run: {difference}."
+            f"{hint} Resume with the checkpoint's flags, or use a new --checkpoint_dir "
+            "to start a new run.")
+      try:
+        restored = self._get_manager().restore(candidate, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(target),
+            host=ocp.args.StandardRestore()))
+        host = pickle.loads(np.asarray(restored.host["pickle"]).tobytes())
+      except Exception as error:  # pylint: disable=broad-except
+        set_aside.append(self._set_aside(candidate, error))
+        continue
+      return restored.state, meta, host, candidate
+    raise CheckpointError(
+        f"No readable checkpoint in {self.directory}: "
+        f"{'; '.join(set_aside)}. Start a new run with another --checkpoint_dir "
+        "(or without --resume).")
+
+  def close(self) -> None:
+    if self._manager is not None:
+      self._manager.close()
+      self._manager = None
+
+  def _set_aside(self, step: int, error: Exception) -> str:
+    """Moves an unreadable step out of orbax's view (kept for inspection)."""
+    source = self.path(step)
+    destination = os.path.join(self.directory, f"corrupt-{step}-{int(time.time())}")
+    os.replace(source, destination)
+    self.close()  # A new manager forgets the step list of the old one.
+    message = (f"checkpoint {source} is unreadable ({type(error).__name__}: "
+               f"{str(error).splitlines()[0][:200] if str(error) else ''}); moved to "
+               f"{destination}")
+    print(f"warning: {message}; trying the previous one.", file=sys.stderr, flush=True)
+    return message

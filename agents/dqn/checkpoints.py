@@ -1,0 +1,202 @@
+"""Run-level checkpointing shared by the run modes: when to save, resume, signals, the NaN guard.
+
+`RunCheckpoints` wraps the kit's orbax `Checkpointer` with what a run
+needs around it: the checkpoint directory and cadence from the flags, the
+restore that names differing flags, the stop on SIGTERM / Ctrl-C at the
+next step boundary (`Preemption`), the non-finite check, and a fault hook
+for preemption tests (`ACME_JAX_DQN_SIGKILL_AT_STEP`).
+"""
+
+import dataclasses
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any, Dict, Optional, Tuple
+
+from acme_jax_dqn import checkpointing
+from agents.dqn.config import ConfigError, DQNConfig
+
+# Experiment fields that change the saved layout (the others may change on resume).
+_LAYOUT_EXPERIMENT_FIELDS = ("env", "run_mode", "num_seeds")
+# Experiment fields that never matter for the resumed computation.
+_RUN_ONLY_FIELDS = ("logdir", "quiet", "resume", "checkpoint_dir", "checkpoint_every",
+                    "keep_checkpoints", "compilation_cache_dir", "one_cpu_core",
+                    "save_checkpoints", "skip_nonfinite_updates", "log_every")
+SIGKILL_AT_STEP_VAR = "ACME_JAX_DQN_SIGKILL_AT_STEP"
+
+
+class RunInterrupted(Exception):
+  """SIGTERM or Ctrl-C stopped the run after saving a checkpoint."""
+
+  def __init__(self, signum: int, env_steps: int, checkpoint: Optional[str]):
+    self.signum, self.env_steps, self.checkpoint = signum, env_steps, checkpoint
+    name = signal.Signals(signum).name
+    where = (f"checkpoint saved to {checkpoint}; continue with --resume"
+             if checkpoint else "checkpoints are off (--nosave_checkpoints), nothing saved")
+    super().__init__(f"{name} at env step {env_steps}: {where}.")
+
+  @property
+  def exit_code(self) -> int:
+    return 128 + self.signum  # The shell's convention: 143 for SIGTERM, 130 for Ctrl-C.
+
+
+class NonFiniteError(RuntimeError):
+  """A non-finite loss or gradient, with the learner step and the last good checkpoint."""
+
+
+class Preemption:
+  """While active, SIGTERM and the first Ctrl-C only set `signum`; the loop stops at a boundary.
+
+  A second Ctrl-C raises KeyboardInterrupt at once. Outside the main
+  thread (where Python cannot install handlers) it does nothing.
+  """
+
+  def __init__(self):
+    self.signum: Optional[int] = None
+    self._previous = {}
+
+  def _handle(self, signum, frame):
+    del frame
+    if signum == signal.SIGINT and self.signum == signal.SIGINT:
+      raise KeyboardInterrupt
+    self.signum = signum
+    print(f"\n{signal.Signals(signum).name}: saving a checkpoint at the next step "
+          "boundary, then stopping (Ctrl-C again to stop at once).", file=sys.stderr, flush=True)
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      for signum in (signal.SIGTERM, signal.SIGINT):
+        self._previous[signum] = signal.signal(signum, self._handle)
+    return self
+
+  def __exit__(self, *exc):
+    for signum, handler in self._previous.items():
+      signal.signal(signum, handler)
+    self._previous = {}
+    return False
+
+  def requested(self) -> bool:
+    return self.signum is not None
+
+
+def next_multiple(step: int, every: int) -> Optional[int]:
+  """The first multiple of `every` after `step` (None when `every` is 0: never)."""
+  return (step // every + 1) * every if every > 0 else None
+
+
+class RunCheckpoints:
+  """Checkpoints of one run: directory, cadence, resume and the checks around them."""
+
+  def __init__(self, experiment, config: DQNConfig):
+    self._experiment = experiment
+    self._config = config
+    directory = experiment.checkpoint_dir or os.path.join(experiment.logdir, "checkpoints")
+    self.checkpointer = checkpointing.Checkpointer(
+        directory, max_to_keep=experiment.keep_checkpoints or None)
+    self.enabled = experiment.save_checkpoints
+    self.every = experiment.checkpoint_every if self.enabled else 0
+    self.last_path: Optional[str] = None
+    self.last_step: Optional[int] = None
+    self.save_s = 0.0
+    kill_at = os.environ.get(SIGKILL_AT_STEP_VAR)
+    self._kill_at = int(kill_at) if kill_at else None
+
+  @property
+  def directory(self) -> str:
+    return self.checkpointer.directory
+
+  def _flag_differences(self, meta: Dict[str, Any], fields=None) -> list:
+    saved_experiment = meta.get("experiment", {})
+    current_experiment = dataclasses.asdict(self._experiment)
+    if fields is not None:
+      saved_experiment = {k: saved_experiment.get(k) for k in fields}
+      current_experiment = {k: current_experiment.get(k) for k in fields}
+    else:
+      for name in _RUN_ONLY_FIELDS:
+        saved_experiment.pop(name, None)
+        current_experiment.pop(name, None)
+    return (checkpointing.differing_fields(saved_experiment, current_experiment)
+            + checkpointing.differing_fields(meta.get("config", {}),
+                                             dataclasses.asdict(self._config)))
+
+  def restore(self, target) -> Tuple[Any, Dict[str, Any], Any]:
+    """Restores the newest readable checkpoint into `target`'s structure.
+
+    Raises CheckpointError when there is none or its layout differs (the
+    message names the leaf and the flags that differ); warns when other
+    flags differ, since the resumed run is then not the one that was saved.
+    """
+
+    def explain(meta):
+      differences = self._flag_differences(meta)
+      if not differences:
+        return " No flag differs from the checkpoint's run (was it made by another version?)."
+      return " Flags that differ from the checkpoint's run: " + "; ".join(differences) + "."
+
+    arrays, meta, host, step = self.checkpointer.restore(target, explain=explain)
+    differences = self._flag_differences(meta)
+    if differences:
+      print("warning: resuming with flags that differ from the checkpoint's run, so the "
+            "result is not the run that was saved: " + "; ".join(differences),
+            file=sys.stderr, flush=True)
+    print(f"resumed from {self.checkpointer.path(step)} (env step {meta['env_steps']})",
+          flush=True)
+    self.last_path, self.last_step = self.checkpointer.path(step), step
+    return arrays, meta, host
+
+  def due(self, env_steps: int, next_save: Optional[int]) -> bool:
+    return next_save is not None and env_steps >= next_save
+
+  def save(self, env_steps: int, arrays, host, meta: Dict[str, Any],
+           params=None) -> Optional[str]:
+    """Saves checkpoint `env_steps` (when checkpoints are on) and returns its path."""
+    if not self.enabled:
+      return None
+    start = time.perf_counter()
+    meta = {**meta, "env_steps": env_steps, "config": dataclasses.asdict(self._config),
+            "experiment": dataclasses.asdict(self._experiment)}
+    self.last_path = self.checkpointer.save(env_steps, arrays, meta, host=host, params=params)
+    self.last_step = env_steps
+    self.save_s += time.perf_counter() - start
+    return self.last_path
+
+  def check_finite(self, first_nonfinite_step: int, where: str = "") -> None:
+    """Stops the run on a non-finite update unless --skip_nonfinite_updates."""
+    if first_nonfinite_step < 0 or self._experiment.skip_nonfinite_updates:
+      return
+    last = (f"The last good checkpoint is {self.last_path}; it restores with --resume"
+            if self.last_path else "No checkpoint was saved before it")
+    raise NonFiniteError(
+        f"Non-finite loss or gradient at learner step {first_nonfinite_step}{where}: the "
+        f"update was not applied and the run stopped. {last}. Look for NaN or inf in "
+        "rewards or observations, or lower --learning_rate; or pass "
+        "--skip_nonfinite_updates to skip such updates and count them "
+        "(train.csv column nonfinite_updates).")
+
+  def maybe_kill(self, env_steps: int) -> None:
+    """Preemption tests: SIGKILL this process at the first step boundary >= the set step."""
+    if self._kill_at is not None and env_steps >= self._kill_at:
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os.kill(os.getpid(), signal.SIGKILL)
+
+  def close(self) -> None:
+    self.checkpointer.close()
+
+
+def check_experiment(experiment) -> None:
+  """Checkpoint flags that cannot work together (raises ConfigError naming them)."""
+  if experiment.keep_checkpoints < 0:
+    raise ConfigError(f"--keep_checkpoints={experiment.keep_checkpoints}: must be 0 "
+                      "(keep all) or a positive number.")
+  if experiment.checkpoint_every < 0:
+    raise ConfigError(f"--checkpoint_every={experiment.checkpoint_every}: must be 0 (at "
+                      "the end and on SIGTERM only) or a positive number of env steps.")
+  if experiment.checkpoint_every > 0 and not experiment.save_checkpoints:
+    raise ConfigError(f"--checkpoint_every={experiment.checkpoint_every} asks for "
+                      "checkpoints and --nosave_checkpoints turns them off; drop one.")
+  if experiment.run_mode == "anakin" and not experiment.checkpoint_replay:
+    raise ConfigError("--nocheckpoint_replay: in anakin mode the replay is part of the "
+                      "compiled state and is always saved; drop the flag.")

@@ -1,0 +1,111 @@
+"""Evaluates a saved agent: `python -m launch.evaluate --checkpoint_dir=runs/cartpole_dqn/checkpoints --episodes=20`.
+
+Reads the policy parameters and the run's config from a checkpoint (the
+newest, or `--step`), rebuilds the network from the config, and runs
+episodes with the greedy policy (or `--epsilon`). Prints one JSON line
+with the mean and std of the return. Checkpoints of anakin runs hold one
+set of parameters per seed: `--seed_index` picks one.
+"""
+
+import dataclasses
+import json
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("checkpoint_dir", None, "A run's checkpoint directory "
+                    "(by default <logdir>/checkpoints).")
+flags.DEFINE_integer("episodes", 10, "Episodes to run.")
+flags.DEFINE_integer("step", None, "Checkpoint (env step) to load; default the newest.")
+flags.DEFINE_float("epsilon", 0.0, "Exploration epsilon of the evaluated policy (0 is greedy).")
+flags.DEFINE_string("env", None, "Environment to evaluate in; default the run's own.")
+flags.DEFINE_integer("seed", 0, "Seed of the evaluation environment and policy.")
+flags.DEFINE_integer("seed_index", 0, "Which seed's parameters, for anakin runs of "
+                     "several seeds (0 is the run's --seed).")
+
+
+class _FixedVariables:
+  """A VariableSource that always serves the same parameters."""
+
+  def __init__(self, params):
+    self._params = params
+
+  def get_variables(self, names=("policy",)):
+    return [self._params for _ in names]
+
+
+def evaluate_checkpoint(checkpoint_dir: str, episodes: int, step=None, epsilon: float = 0.0,
+                        env_name=None, seed: int = 0, seed_index: int = 0) -> dict:
+  """Returns {"eval_return_mean", "eval_return_std", "episodes", "step", ...}."""
+  import jax
+  import numpy as np
+
+  from acme_jax_dqn import checkpointing, envs, specs
+  from agents.dqn.builder import DQNBuilder
+  from agents.dqn.config import ConfigError, DQNConfig
+  from agents.dqn.experiment import evaluate
+
+  if episodes < 1:
+    raise ConfigError(f"--episodes={episodes}: must be at least 1.")
+  if not 0.0 <= epsilon <= 1.0:
+    raise ConfigError(f"--epsilon={epsilon}: must lie in [0, 1].")
+  checkpointer = checkpointing.Checkpointer(checkpoint_dir)
+  params, meta, step = checkpointer.restore_params(step)
+  checkpointer.close()
+  num_seeds = int(meta.get("num_seeds", 1)) if meta.get("run_mode") == "anakin" else 1
+  if meta.get("run_mode") == "anakin":
+    if not 0 <= seed_index < num_seeds:
+      raise ConfigError(f"--seed_index={seed_index}: the checkpoint holds {num_seeds} "
+                        f"seed(s); pick 0..{num_seeds - 1}.")
+    params = jax.tree.map(lambda x: np.asarray(x)[seed_index], params)
+  config = DQNConfig(**{**meta["config"], "eval_epsilon": epsilon})
+  env_name = env_name or meta["experiment"]["env"]
+  try:
+    environment = envs.make_environment(env_name, seed=seed)
+    spec = specs.make_environment_spec(environment)
+    builder = DQNBuilder(config)
+    networks = builder.make_networks(spec, env_name)
+  except ValueError as error:
+    raise ConfigError(str(error)) from error
+  expected = jax.tree.map(np.shape, jax.eval_shape(networks.init, jax.random.PRNGKey(0)))
+  if jax.tree.map(np.shape, params) != expected:
+    raise checkpointing.CheckpointError(
+        f"The parameters in {checkpointer.path(step)} do not fit a network for "
+        f"{env_name} with the checkpoint's config; evaluate in the run's own environment "
+        f"({meta['experiment']['env']}).")
+  actor = builder.make_actor(networks, _FixedVariables(params), jax.random.PRNGKey(seed),
+                             evaluation=True)
+  returns = evaluate(environment, actor, episodes)
+  return {"checkpoint": checkpointer.path(step), "step": step, "env": env_name,
+          "episodes": episodes, "epsilon": epsilon,
+          "eval_return_mean": float(np.mean(returns)),
+          "eval_return_std": float(np.std(returns)),
+          "returns": [float(r) for r in returns],
+          "run_mode": meta.get("run_mode"), "seed_index": seed_index if num_seeds > 1 else 0}
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments {argv[1:]}: every option is a --flag.")
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+  if not FLAGS.checkpoint_dir:
+    print("error: --checkpoint_dir is required (a run's <logdir>/checkpoints).", file=sys.stderr)
+    return 2
+  from acme_jax_dqn.checkpointing import CheckpointError
+  from agents.dqn.config import ConfigError
+  try:
+    result = evaluate_checkpoint(FLAGS.checkpoint_dir, FLAGS.episodes, FLAGS.step,
+                                 FLAGS.epsilon, FLAGS.env, FLAGS.seed, FLAGS.seed_index)
+  except (ConfigError, CheckpointError) as error:
+    print(f"error: {error}", file=sys.stderr)
+    return 2
+  print(json.dumps(result))
+  return 0
+
+
+if __name__ == "__main__":
+  app.run(main)
