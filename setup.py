@@ -22,6 +22,7 @@ setuptools.setup(
         "gymnasium[classic-control]>=1.0",
         "gymnax>=1.0.1",  # Step returns termination and truncation apart (0.0.x returned one done).
         "matplotlib>=3.7",
+        "orbax-checkpoint>=0.11",
         "numpy>=1.24",
     ],
     extras_require={

@@ -88,6 +88,28 @@ def first_layout_difference(saved: List[List[Any]], current: List[List[Any]]) ->
   return None
 
 
+def _quiet_closed_loop_callbacks() -> None:
+  """Drops the 'Event loop is closed' errors of reads still in flight after a failed restore.
+
+  When one array of a checkpoint cannot be read, orbax's restore fails
+  while tensorstore reads of other arrays are still running; as they finish
+  they call back into orbax's closed event loop, and Python prints each as
+  an unraisable exception. They are harmless; other unraisables still print.
+  """
+  previous = sys.unraisablehook
+  if getattr(previous, "_drops_closed_loop_errors", False):
+    return
+
+  def hook(unraisable):
+    value = unraisable.exc_value
+    if isinstance(value, RuntimeError) and str(value) == "Event loop is closed":
+      return
+    previous(unraisable)
+
+  hook._drops_closed_loop_errors = True  # pylint: disable=protected-access
+  sys.unraisablehook = hook
+
+
 def _ocp():
   import orbax.checkpoint as ocp  # Imported when checkpoints are used (about 1 s).
   return ocp
@@ -229,6 +251,7 @@ class Checkpointer:
         set_aside.append(self._set_aside(candidate, error))
         continue
       return restored.state, meta, host, candidate
+    self.close()
     raise CheckpointError(
         f"No readable checkpoint in {self.directory}: "
         f"{'; '.join(set_aside)}. Start a new run with another --checkpoint_dir "
@@ -241,6 +264,7 @@ class Checkpointer:
 
   def _set_aside(self, step: int, error: Exception) -> str:
     """Moves an unreadable step out of orbax's view (kept for inspection)."""
+    _quiet_closed_loop_callbacks()
     source = self.path(step)
     destination = os.path.join(self.directory, f"corrupt-{step}-{int(time.time())}")
     os.replace(source, destination)

@@ -71,6 +71,34 @@ def define_flags() -> None:
     _define_field_flag(field, docs.get(field.name, field.name))
 
 
+def parse_flags(argv):
+  """`app.run`'s flags parser, plus a clear error for a flagfile that is not text."""
+  from absl import app  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  try:
+    return app.parse_flags_with_usage(argv)
+  except (UnicodeDecodeError, OSError) as error:
+    print(f"error: a --flagfile could not be read ({type(error).__name__}: {error}). A "
+          "flagfile is UTF-8 text with one --flag=value per line.", file=sys.stderr)
+    sys.exit(2)
+
+
+_CONTRADICTIONS = (
+    # (flag when true, flags that cannot apply with it when also given, why).
+    ("apex_epsilons", ("epsilon_start", "epsilon_end", "epsilon_decay_steps"),
+     "Ape-X epsilons are fixed per env copy and replace the linear epsilon schedule"),
+)
+
+
+def check_contradictions() -> None:
+  """Flags given together that cannot both apply (ConfigError naming them)."""
+  for flag, others, why in _CONTRADICTIONS:
+    given = [name for name in others if FLAGS[name].present]
+    if FLAGS[flag].value and given:
+      raise ConfigError(f"--{flag} with {', '.join('--' + g for g in given)}: {why}. "
+                        f"Drop one of them.")
+
+
 def _parse_int_list(name: str, values) -> tuple:
   try:
     return tuple(int(v) for v in values)
@@ -81,6 +109,7 @@ def _parse_int_list(name: str, values) -> tuple:
 
 def config_from_flags() -> DQNConfig:
   """The one place where flags become a DQNConfig (validated by the config)."""
+  check_contradictions()
   values = {}
   for field in dataclasses.fields(DQNConfig):
     value = FLAGS[field.name].value

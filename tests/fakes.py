@@ -2,6 +2,8 @@
 
 import dm_env
 from dm_env import specs
+import gymnasium as gym
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 import jax.numpy as jnp
 import numpy as np
 
@@ -70,3 +72,28 @@ def fixed_networks(q_values, num_actions=None):
     return NetworkOutput(q_values=jnp.broadcast_to(params["q"], (batch, num_actions)))
 
   return Networks(init=init, apply=apply, num_actions=num_actions, distributional=False)
+
+
+class NaNRewardCartPole(CartPoleEnv):
+  """CartPole whose `nan_at_step`-th step (counted over all episodes) returns reward NaN.
+
+  Registered as `NaNRewardCartPole-v0`; runs name it
+  `--env=gymnasium:tests.fakes:NaNRewardCartPole-v0`.
+  """
+
+  def __init__(self, nan_at_step: int = 700, **kwargs):
+    super().__init__(**kwargs)
+    self._nan_at_step = nan_at_step
+    self._steps = 0
+
+  def step(self, action):
+    observation, reward, terminated, truncated, info = super().step(action)
+    self._steps += 1
+    if self._steps == self._nan_at_step:
+      reward = float("nan")
+    return observation, reward, terminated, truncated, info
+
+
+if "NaNRewardCartPole-v0" not in gym.registry:
+  gym.register(id="NaNRewardCartPole-v0", entry_point=NaNRewardCartPole,
+               max_episode_steps=500)

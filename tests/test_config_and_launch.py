@@ -89,6 +89,16 @@ def test_flags_after_the_flagfile_override_it(tmp_path):
     (["--env=atari:NoSuchGame"], "gymnasium"),
     (["--env=gymnasium:Pendulum-v1"], "not discrete"),
     (["--flagfile=/no/such/file.cfg"], "file.cfg"),
+    (["--flagfile=tests"], "Is a directory"),
+    (["--apex_epsilons", "--epsilon_end=0.1"], "--apex_epsilons with --epsilon_end"),
+    (["--checkpoint_every=100", "--nosave_checkpoints"], "--checkpoint_every"),
+    (["--num_seeds=3"], "--run_mode=anakin"),
+    (["--run_mode=anakin", "--env=gymnax:CartPole-v1", "--nocheckpoint_replay"],
+     "--nocheckpoint_replay"),
+    (["--run_mode=anakin"], "needs an environment written in JAX"),
+    (["--env=gymnax:Breakout-MinAtar", "--torso=mlp"], "--torso=mlp takes vector"),
+    (["--torso=nature_conv"], "--torso=nature_conv takes image"),
+    (["--resume"], "--resume: no checkpoint"),
 ])
 def test_bad_input_exits_nonzero_with_a_clear_error(args, expected, tmp_path):
   result = run_dqn(f"--flagfile={TINY}", f"--logdir={tmp_path / 'run'}", *args, timeout=120)
@@ -96,3 +106,131 @@ def test_bad_input_exits_nonzero_with_a_clear_error(args, expected, tmp_path):
   assert expected in result.stderr
   assert "Traceback" not in result.stderr
   assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_flagfile_that_is_not_text_gets_a_clear_error(tmp_path):
+  flagfile = tmp_path / "binary.cfg"
+  flagfile.write_bytes(b"\xff\xfe\x00--batch_size=3")
+  result = run_dqn(f"--flagfile={flagfile}", timeout=120)
+  assert result.returncode == 2
+  assert "flagfile could not be read" in result.stderr and "UTF-8" in result.stderr
+  assert "Traceback" not in result.stderr
+
+
+# One out-of-range value per numeric flag; the error must name that flag.
+OUT_OF_RANGE = {
+    "discount": (1.5, "--discount"), "n_step": (0, "--n_step"),
+    "num_atoms": (1, "--num_atoms"), "v_min": (20.0, "--v_min"), "v_max": (-20.0, "--v_min"),
+    "huber_delta": (-1.0, "--huber_delta"), "learning_rate": (0.0, "--learning_rate"),
+    "learning_rate_end": (-1.0, "--learning_rate_end"),
+    "learning_rate_decay_steps": (-1, "--learning_rate_decay_steps"),
+    "adam_eps": (0.0, "--adam_eps"), "max_grad_norm": (-1.0, "--max_grad_norm"),
+    "gradient_accumulation_steps": (0, "--gradient_accumulation_steps"),
+    "num_sgd_steps_per_step": (0, "--num_sgd_steps_per_step"),
+    "batch_size": (0, "--batch_size"), "replay_capacity": (0, "--replay_capacity"),
+    "min_replay_size": (0, "--min_replay_size"),
+    "samples_per_insert": (0.0, "--samples_per_insert"),
+    "priority_exponent": (1.5, "--priority_exponent"),
+    "importance_sampling_exponent": (1.5, "--importance_sampling_exponent"),
+    "importance_sampling_exponent_end": (-0.1, "--importance_sampling_exponent_end"),
+    "importance_sampling_anneal_steps": (-1, "--importance_sampling_anneal_steps"),
+    "priority_epsilon": (0.0, "--priority_epsilon"),
+    "target_update_period": (0, "--target_update_period"),
+    "target_update_tau": (1.5, "--target_update_tau"),
+    "epsilon_start": (1.5, "--epsilon_start"), "epsilon_end": (-0.1, "--epsilon_end"),
+    "epsilon_decay_steps": (-1, "--epsilon_decay_steps"),
+    "eval_epsilon": (2.0, "--eval_epsilon"), "apex_epsilon_base": (1.5, "--apex_epsilon_base"),
+    "apex_epsilon_alpha": (-1.0, "--apex_epsilon_alpha"),
+    "variable_update_period": (0, "--variable_update_period"), "num_envs": (0, "--num_envs"),
+}
+EXPERIMENT_OUT_OF_RANGE = {
+    "seed": (-1, "--seed"), "total_steps": (0, "--total_steps"),
+    "eval_episodes": (0, "--eval_episodes"), "eval_every": (-1, "--eval_every"),
+    "log_every": (0, "--log_every"), "num_seeds": (0, "--num_seeds"),
+    "checkpoint_every": (-1, "--checkpoint_every"),
+    "keep_checkpoints": (-1, "--keep_checkpoints"),
+}
+
+
+def _numeric_fields(cls):
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  import typing  # pylint: disable=import-outside-toplevel
+  hints = typing.get_type_hints(cls)
+  return {f.name for f in dataclasses.fields(cls) if hints[f.name] in (int, float)}
+
+
+def test_every_numeric_flag_has_an_out_of_range_case():
+  from agents.dqn.experiment import ExperimentConfig  # pylint: disable=import-outside-toplevel
+  assert _numeric_fields(DQNConfig) == set(OUT_OF_RANGE)
+  assert _numeric_fields(ExperimentConfig) == set(EXPERIMENT_OUT_OF_RANGE)
+
+
+@pytest.mark.parametrize("field", sorted(OUT_OF_RANGE))
+def test_each_numeric_flag_out_of_range_is_rejected_naming_it(field):
+  value, flag = OUT_OF_RANGE[field]
+  with pytest.raises(ConfigError, match=flag):
+    DQNConfig(**{field: value})
+
+
+@pytest.mark.parametrize("field", sorted(EXPERIMENT_OUT_OF_RANGE))
+def test_each_numeric_run_flag_out_of_range_is_rejected_naming_it(field):
+  from agents.dqn.experiment import ExperimentConfig  # pylint: disable=import-outside-toplevel
+  value, flag = EXPERIMENT_OUT_OF_RANGE[field]
+  with pytest.raises(ValueError, match=flag):
+    ExperimentConfig(**{field: value})
+
+
+def test_nan_in_a_float_flag_is_rejected():
+  with pytest.raises(ConfigError, match="--learning_rate.*finite"):
+    DQNConfig(learning_rate=float("nan"))
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+  """A tiny run with a checkpoint, for the restore errors (copied per test)."""
+  logdir = tmp_path_factory.mktemp("saved") / "run"
+  result = run_dqn(f"--flagfile={TINY}", f"--logdir={logdir}", "--total_steps=400",
+                   "--eval_every=0")
+  assert result.returncode == 0, result.stderr[-2000:]
+  return logdir
+
+
+def _copy_run(saved_run, tmp_path):
+  import shutil  # pylint: disable=import-outside-toplevel
+  logdir = tmp_path / "run"
+  shutil.copytree(saved_run, logdir)
+  return logdir
+
+
+def test_resume_into_a_different_network_names_the_leaf_and_the_flag(saved_run, tmp_path):
+  logdir = _copy_run(saved_run, tmp_path)
+  result = run_dqn(f"--flagfile={TINY}", f"--logdir={logdir}", "--total_steps=800",
+                   "--resume", "--hidden_sizes=32", "--dueling", timeout=120)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert "does not fit this run: leaf" in result.stderr
+  assert "--hidden_sizes=32 (checkpoint: 16)" in result.stderr
+  assert "--dueling=True (checkpoint: False)" in result.stderr
+  assert "Traceback" not in result.stderr
+  assert os.listdir(logdir / "checkpoints") == ["400"]  # The checkpoint is untouched.
+
+
+def test_resume_from_a_corrupt_checkpoint_is_a_clear_error_that_keeps_it(saved_run, tmp_path):
+  import glob  # pylint: disable=import-outside-toplevel
+  logdir = _copy_run(saved_run, tmp_path)
+  for path in glob.glob(str(logdir / "checkpoints" / "400" / "state" / "**" / "d" / "*"),
+                        recursive=True):
+    with open(path, "wb") as f:
+      f.write(b"cut off")
+  result = run_dqn(f"--flagfile={TINY}", f"--logdir={logdir}", "--total_steps=800",
+                   "--resume", timeout=120)
+  assert result.returncode == 2
+  assert "No readable checkpoint" in result.stderr and "unreadable" in result.stderr
+  assert "Traceback" not in result.stderr
+  assert [d for d in os.listdir(logdir / "checkpoints") if d.startswith("corrupt-400-")]
+
+
+def test_evaluate_without_a_checkpoint_is_a_clear_error(tmp_path):
+  result = subprocess.run([sys.executable, "-m", "launch.evaluate",
+                           f"--checkpoint_dir={tmp_path / 'none'}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2 and "has no checkpoint" in result.stderr

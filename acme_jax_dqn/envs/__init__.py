@@ -1,5 +1,6 @@
 """Environments addressed by name (`prefix:id`) and made as dm_env environments."""
 
+import importlib
 from typing import Optional
 
 import dm_env
@@ -29,12 +30,22 @@ def split_name(name: str):
   return prefix, env_id
 
 
-def _check_gymnasium_id(env_id: str) -> None:
+def _check_gymnasium_id(env_id: str) -> str:
+  """Returns the registered id; `module:Id` imports `module` first (it registers `Id`)."""
+  module, sep, name = env_id.rpartition(":")
+  if sep:
+    try:
+      importlib.import_module(module)
+    except ImportError as error:
+      raise ValueError(f"Cannot import {module!r}, named in gymnasium:{env_id} to register "
+                       f"{name!r}: {error}") from None
+    env_id = name
   if env_id not in gym.registry:
     close = [k for k in gym.registry if env_id.split("-")[0].lower() in k.lower()][:5]
     hint = f" Did you mean one of {close}?" if close else ""
     raise ValueError(f"gymnasium has no environment {env_id!r}.{hint} "
                      f"Known examples: {EXAMPLES}.")
+  return env_id
 
 
 def make_environment(name: str, seed: Optional[int] = None,
@@ -42,7 +53,8 @@ def make_environment(name: str, seed: Optional[int] = None,
   """Makes the environment `name` as dm_env.
 
   Args:
-    name: `prefix:id`, e.g. `gymnasium:CartPole-v1`.
+    name: `prefix:id`, e.g. `gymnasium:CartPole-v1`; `gymnasium:module:Id`
+      imports `module` first, for environments it registers.
     seed: seeds the environment's first reset.
     num_envs: None for one unbatched environment, or a number of copies
       stepped together (timesteps with a leading env axis).
@@ -54,7 +66,7 @@ def make_environment(name: str, seed: Optional[int] = None,
     def make_one(index: int) -> dm_env.Environment:
       return GymnaxEnvironment(gymnax_env, None if seed is None else seed + index)
   else:
-    _check_gymnasium_id(env_id)
+    env_id = _check_gymnasium_id(env_id)
 
     def make_one(index: int) -> dm_env.Environment:
       copy_seed = None if seed is None else seed + index

@@ -73,7 +73,6 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
   `checkpoint_every` env steps, and on SIGTERM / Ctrl-C.
   """
   start = time.perf_counter()
-  checkpoints.check_experiment(experiment)
   try:  # Bad input: a non-JAX env, an unknown id, actions or observations the network cannot take.
     env = envs.make_jax_environment(experiment.env)
     builder = DQNBuilder(config)

@@ -95,6 +95,7 @@ class ExperimentConfig:
           f"--num_seeds={self.num_seeds} trains seeds together in one compiled "
           "program, which needs --run_mode=anakin (and a gymnax environment); in "
           "local mode run one seed per process with --seed.")
+    checkpoints.check_experiment(self)
 
 
 def evaluate(environment, actor, episodes: int) -> List[float]:
@@ -172,7 +173,6 @@ def run_local_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dic
   """
   start = time.perf_counter()
   utils.configure_cpu_dispatch(config.num_envs)
-  checkpoints.check_experiment(experiment)
   seed = experiment.seed
   num_envs = None if config.num_envs == 1 else config.num_envs
   try:  # Bad input shows up here: unknown env, actions or observations the network cannot take.

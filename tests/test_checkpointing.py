@@ -1,0 +1,199 @@
+"""Checkpoints in-process: orbax saves, keep-N, cut-off and corrupt saves, layout errors, checksums, the NaN guard, CSV resume."""
+
+import glob
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from acme_jax_dqn import checkpointing
+from acme_jax_dqn import loggers
+from acme_jax_dqn import replay as replay_lib
+from acme_jax_dqn import specs
+from acme_jax_dqn.types import Transition
+from agents.dqn import DQNBuilder, DQNConfig
+from tests.fakes import FakeEnvironment
+
+
+def _state(scale=1.0):
+  replay = replay_lib.make_replay(64, 8, prioritized=True)
+  example = Transition(np.zeros(3, np.float32), np.int32(0), np.float32(0),
+                       np.float32(0), np.zeros(3, np.float32))
+  return {"buffer": replay.init(example), "w": jnp.arange(4.0) * scale,
+          "key": jax.random.PRNGKey(3)}
+
+
+def _corrupt_data_files(step_dir):
+  files = [f for f in glob.glob(os.path.join(step_dir, "state", "**", "d", "*"), recursive=True)
+           if os.path.isfile(f)]
+  assert files
+  for f in files:
+    with open(f, "wb") as out:
+      out.write(b"cut")
+
+
+def test_save_restore_round_trip_and_keep_n(tmp_path):
+  checkpointer = checkpointing.Checkpointer(str(tmp_path), max_to_keep=2)
+  for step in (10, 20, 30, 40):
+    checkpointer.save(step, _state(step), {"note": step}, host={"step": step},
+                      params={"w": jnp.full(2, step, jnp.float32)})
+  assert checkpointer.steps() == [30, 40]
+  assert sorted(os.listdir(tmp_path)) == ["30", "40"]  # Exactly two left.
+  restored, meta, host, step = checkpointer.restore(_state())
+  assert step == 40 and meta["note"] == 40 and host == {"step": 40}
+  np.testing.assert_array_equal(restored["w"], np.arange(4.0) * 40)
+  assert type(restored["buffer"]) is type(_state()["buffer"])
+  params, _, _ = checkpointer.restore_params(30)
+  np.testing.assert_array_equal(params["w"], [30.0, 30.0])
+  checkpointer.close()
+
+
+def test_cut_off_save_in_a_temporary_directory_is_not_taken_as_latest(tmp_path):
+  checkpointer = checkpointing.Checkpointer(str(tmp_path))
+  checkpointer.save(10, _state(10), {}, host=None)
+  checkpointer.save(20, _state(20), {}, host=None)
+  # What orbax leaves when a save is cut off: a temporary directory, never renamed.
+  shutil.copytree(tmp_path / "20", tmp_path / "30.orbax-checkpoint-tmp-1234")
+  for marker in glob.glob(str(tmp_path / "30.orbax-checkpoint-tmp-1234" / "**" /
+                              "commit_success.txt"), recursive=True):
+    os.remove(marker)
+  fresh = checkpointing.Checkpointer(str(tmp_path))
+  assert fresh.steps() == [10, 20]
+  _, _, _, step = fresh.restore(_state())
+  assert step == 20
+  fresh.close()
+
+
+def test_truncated_checkpoint_is_skipped_for_the_previous_one_and_kept_aside(tmp_path, capsys):
+  checkpointer = checkpointing.Checkpointer(str(tmp_path))
+  checkpointer.save(10, _state(10), {}, host="ten")
+  checkpointer.save(20, _state(20), {}, host="twenty")
+  _corrupt_data_files(str(tmp_path / "20"))
+  restored, _, host, step = checkpointing.Checkpointer(str(tmp_path)).restore(_state())
+  assert step == 10 and host == "ten"
+  np.testing.assert_array_equal(restored["w"], np.arange(4.0) * 10)
+  assert "unreadable" in capsys.readouterr().err
+  moved = [d for d in os.listdir(tmp_path) if d.startswith("corrupt-20-")]
+  assert len(moved) == 1  # Kept for inspection, out of the way of new saves.
+
+
+def test_no_readable_checkpoint_is_a_clear_error(tmp_path):
+  with pytest.raises(checkpointing.CheckpointError, match="no checkpoint"):
+    checkpointing.Checkpointer(str(tmp_path / "empty")).restore(_state())
+  checkpointer = checkpointing.Checkpointer(str(tmp_path / "bad"))
+  checkpointer.save(10, _state(), {}, host=None)
+  _corrupt_data_files(str(tmp_path / "bad" / "10"))
+  with pytest.raises(checkpointing.CheckpointError, match="No readable checkpoint"):
+    checkpointing.Checkpointer(str(tmp_path / "bad")).restore(_state())
+
+
+def test_layout_mismatch_names_the_leaf_and_the_explanation(tmp_path):
+  checkpointer = checkpointing.Checkpointer(str(tmp_path))
+  checkpointer.save(10, {"w": jnp.zeros((4, 2))}, {}, host=None)
+  with pytest.raises(checkpointing.CheckpointError) as error:
+    checkpointer.restore({"w": jnp.zeros((4, 3))}, explain=lambda meta: " Flags: --x=3.")
+  message = str(error.value)
+  assert "['w']" in message and "(4, 2)" in message and "(4, 3)" in message
+  assert "--x=3" in message
+
+
+def test_differing_fields_names_flags_with_both_values():
+  out = checkpointing.differing_fields({"hidden_sizes": [64, 64], "lr": 1.0},
+                                       {"hidden_sizes": (32,), "lr": 1.0})
+  assert out == ["--hidden_sizes=32 (checkpoint: 64,64)"]
+
+
+def test_params_checksum_is_equal_for_equal_params_and_sensitive_to_one_ulp():
+  params = {"layer": {"w": np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4),
+                      "b": np.zeros(4, np.float32)}}
+  same = jax.tree.map(lambda x: jnp.asarray(x.copy()), params)
+  assert checkpointing.params_checksum(params) == checkpointing.params_checksum(same)
+  nudged = jax.tree.map(np.copy, params)
+  nudged["layer"]["w"][1, 2] = np.nextafter(nudged["layer"]["w"][1, 2], np.float32(2))
+  assert checkpointing.params_checksum(params) != checkpointing.params_checksum(nudged)
+
+
+def _builder_pieces(config):
+  spec = specs.make_environment_spec(FakeEnvironment(obs_dim=3, num_actions=2))
+  builder = DQNBuilder(config)
+  networks = builder.make_networks(spec)
+  replay = builder.make_replay()
+  sgd_step = jax.jit(builder.make_sgd_step(networks))
+  from acme_jax_dqn import learning  # pylint: disable=import-outside-toplevel
+  state = learning.init_training_state(networks, builder.make_optimizer(),
+                                       jax.random.PRNGKey(0))
+  return spec, replay, sgd_step, state
+
+
+def _batch(reward_value, batch_size=4):
+  rng = np.random.default_rng(0)
+  transitions = Transition(
+      observation=rng.normal(size=(batch_size, 3)).astype(np.float32),
+      action=np.arange(batch_size, dtype=np.int32) % 2,
+      reward=np.full(batch_size, 1.0, np.float32),
+      discount=np.full(batch_size, 0.99, np.float32),
+      next_observation=rng.normal(size=(batch_size, 3)).astype(np.float32))
+  transitions = transitions._replace(reward=transitions.reward.copy())
+  transitions.reward[1] = reward_value
+  ones = np.ones(batch_size, np.float32)
+  return replay_lib.ReplaySample(transitions, np.arange(batch_size, dtype=np.int32), ones, ones)
+
+
+def test_nonfinite_update_is_not_applied_but_counted():
+  config = DQNConfig(hidden_sizes=(8,), batch_size=4, target_update_period=1,
+                     target_update_tau=0.5)
+  _, _, sgd_step, state = _builder_pieces(config)
+  bad_state, metrics = sgd_step(state, _batch(np.nan))
+  assert not np.isfinite(float(metrics["loss"]))
+  for new, old in zip(jax.tree.leaves((bad_state.online_params, bad_state.target_params,
+                                       bad_state.opt_state)),
+                      jax.tree.leaves((state.online_params, state.target_params,
+                                       state.opt_state))):
+    np.testing.assert_array_equal(new, old)
+  assert int(bad_state.steps) == 1
+  assert int(bad_state.nonfinite_updates) == 1 and int(bad_state.first_nonfinite_step) == 1
+  good_state, metrics = sgd_step(bad_state, _batch(1.0))
+  assert np.isfinite(float(metrics["loss"]))
+  changed = jax.tree.map(lambda a, b: bool(np.any(np.asarray(a) != np.asarray(b))),
+                         good_state.online_params, state.online_params)
+  assert any(jax.tree.leaves(changed))
+  assert int(good_state.nonfinite_updates) == 1 and int(good_state.first_nonfinite_step) == 1
+  inf_state, _ = sgd_step(good_state, _batch(np.inf))
+  assert int(inf_state.nonfinite_updates) == 2 and int(inf_state.first_nonfinite_step) == 1
+
+
+def test_nonfinite_items_get_priority_zero_in_prioritized_replay():
+  config = DQNConfig(hidden_sizes=(8,), batch_size=4, prioritized=True, replay_capacity=4,
+                     min_replay_size=4)
+  spec, replay, _, state = _builder_pieces(config)
+  builder = DQNBuilder(config)
+  learner_step = jax.jit(builder.make_learner_step(builder.make_networks(spec), replay))
+  batch = _batch(np.nan).transitions
+  buffer = replay.add(replay.init(jax.tree.map(lambda x: x[0], batch)), batch)
+  from flashbax.buffers import sum_tree  # pylint: disable=import-outside-toplevel
+  for _ in range(30):  # Until the NaN item (index 1) has been drawn once.
+    state, buffer, _ = learner_step(state, buffer)
+    if int(state.nonfinite_updates):
+      break
+  assert int(state.nonfinite_updates) == 1
+  priorities = np.asarray(sum_tree.get(buffer.sum_tree_state, jnp.arange(4)))
+  assert priorities[1] == 0.0 and np.all(priorities[[0, 2, 3]] > 0)
+  for _ in range(30):  # Priority 0: never drawn again, so no more skipped updates.
+    state, buffer, _ = learner_step(state, buffer)
+  assert int(state.nonfinite_updates) == 1
+
+
+def test_csv_logger_resume_drops_rows_after_the_checkpoint_and_appends(tmp_path):
+  path = str(tmp_path / "train.csv")
+  logger = loggers.CSVLogger(path)
+  for step in (100, 200, 300):
+    logger.write({"env_steps": step, "loss": step / 100})
+  logger.close()
+  resumed = loggers.CSVLogger(path, keep_rows_up_to=200)
+  resumed.write({"env_steps": 300, "loss": 9.0, "new_column": 1})
+  resumed.close()
+  lines = open(path).read().strip().splitlines()
+  assert lines == ["env_steps,loss", "100,1.0", "200,2.0", "300,9.0"]
