@@ -144,10 +144,14 @@ def choose_torso(observation_shape: Sequence[int], torso: str) -> str:
         "neither torso: the MLP takes vectors [D] and the conv torso images "
         "[H, W, C]. Wrap the environment to give one of those shapes.")
   if torso == "mlp" and rank != 1:
+    conv = "nature_conv"
+    if rank == 3 and min(observation_shape[:2]) < MIN_NATURE_CONV_SIZE:
+      conv = "minatar_conv"
     raise ValueError(
         f"--torso=mlp takes vector observations [D], but this environment's "
         f"observations have shape {tuple(observation_shape)}. Use "
-        "--torso=nature_conv (or --torso=auto) for image observations.")
+        f"--torso={conv} (or --torso=auto) for these images, or flatten them with "
+        "a wrapper (gymnasium.wrappers.FlattenObservation).")
   if torso == "minatar_conv" and rank != 3:
     raise ValueError(
         f"--torso=minatar_conv takes image observations [H, W, C], but this "

@@ -96,7 +96,8 @@ def test_flags_after_the_flagfile_override_it(tmp_path):
     (["--run_mode=anakin", "--env=gymnax:CartPole-v1", "--nocheckpoint_replay"],
      "--nocheckpoint_replay"),
     (["--run_mode=anakin"], "needs an environment written in JAX"),
-    (["--env=gymnax:Breakout-MinAtar", "--torso=mlp"], "--torso=mlp takes vector"),
+    (["--env=gymnax:Breakout-MinAtar", "--torso=mlp"], "--torso=minatar_conv (or"),
+    (["--env=gymnasium:CartPol-v1"], "Did you mean one of ['CartPole-v0', 'CartPole-v1'"),
     (["--torso=nature_conv"], "--torso=nature_conv takes image"),
     (["--resume"], "--resume: no checkpoint"),
 ])
@@ -178,6 +179,18 @@ def test_each_numeric_run_flag_out_of_range_is_rejected_naming_it(field):
   value, flag = EXPERIMENT_OUT_OF_RANGE[field]
   with pytest.raises(ValueError, match=flag):
     ExperimentConfig(**{field: value})
+
+
+def test_polyak_tau_with_a_target_period_is_accepted_and_both_apply():
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from acme_jax_dqn.learning import update_target  # pylint: disable=import-outside-toplevel
+  config = DQNConfig(target_update_tau=0.1, target_update_period=100)
+  online, target = {"w": jnp.ones(2)}, {"w": jnp.zeros(2)}
+  kept = update_target(online, target, jnp.int32(99), config.target_update_period,
+                       config.target_update_tau)
+  moved = update_target(online, target, jnp.int32(100), config.target_update_period,
+                        config.target_update_tau)
+  assert float(kept["w"][0]) == 0.0 and abs(float(moved["w"][0]) - 0.1) < 1e-7
 
 
 def test_nan_in_a_float_flag_is_rejected():
