@@ -26,6 +26,7 @@ setuptools.setup(
         "numpy>=1.24",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist>=3"],
+        "distributed": ["ray>=2.9"],
+        "test": ["pytest>=8", "pytest-xdist>=3", "ray>=2.9"],
     },
 )

@@ -40,8 +40,27 @@ class CheckpointError(ValueError):
 def tree_layout(tree) -> List[List[Any]]:
   """[path, shape, dtype] of every leaf, in a stable order (JSON-friendly)."""
   leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
-  return [[jax.tree_util.keystr(path), list(np.shape(leaf)), str(np.asarray(leaf).dtype)
-           if not hasattr(leaf, "dtype") else str(leaf.dtype)] for path, leaf in leaves]
+  out = []
+  for path, leaf in leaves:
+    if not hasattr(leaf, "shape"):  # Python numbers.
+      leaf = np.asarray(leaf)
+    out.append([jax.tree_util.keystr(path), list(leaf.shape), str(np.dtype(leaf.dtype))])
+  return out
+
+
+def abstract_tree(tree):
+  """ShapeDtypeStructs (with shardings) for a tree of arrays: a restore target that holds no memory."""
+  def abstract(leaf):
+    sharding = getattr(leaf, "sharding", None)
+    return jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype, sharding=sharding)
+  return jax.tree.map(abstract, tree)
+
+
+# Errors that mean a checkpoint's files are damaged (it is set aside); any
+# other error (an import that fails after a code change, out of memory)
+# leaves the checkpoint where it is and stops with its message.
+_DAMAGE_ERRORS = (ValueError, OSError, EOFError, KeyError, pickle.UnpicklingError)
+_CODE_ERRORS = (ImportError, AttributeError)
 
 
 def params_checksum(params) -> str:
@@ -164,7 +183,9 @@ class Checkpointer:
     ocp = _ocp()
     manager = self._get_manager()
     if step in manager.all_steps():
-      return self.path(step)
+      raise CheckpointError(
+          f"Checkpoint {self.path(step)} already exists; a run never overwrites one. Use "
+          "--resume to continue that run, or a new --checkpoint_dir (or --logdir).")
     meta = {**meta, "format": FORMAT_VERSION, "layout": tree_layout(state),
             "saved_at": time.time()}
     host_bytes = np.frombuffer(pickle.dumps(host, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
@@ -222,7 +243,11 @@ class Checkpointer:
       CheckpointError: no checkpoint, none readable, or a layout mismatch.
     """
     ocp = _ocp()
-    steps = self.steps() if step is None else [step]
+    steps = self.steps()
+    if step is not None:
+      if step not in steps:
+        raise CheckpointError(f"{self.directory} has no checkpoint {step} (it has {steps}).")
+      steps = [step]
     if not steps:
       raise CheckpointError(
           f"--resume: no checkpoint in {self.directory}. Start without --resume, or "
@@ -232,7 +257,7 @@ class Checkpointer:
     for candidate in reversed(steps):
       try:
         meta = self.read_meta(candidate)
-      except Exception as error:  # pylint: disable=broad-except
+      except _DAMAGE_ERRORS as error:
         set_aside.append(self._set_aside(candidate, error))
         continue
       difference = first_layout_difference(meta.get("layout", []), current_layout)
@@ -247,7 +272,14 @@ class Checkpointer:
             state=ocp.args.StandardRestore(target),
             host=ocp.args.StandardRestore()))
         host = pickle.loads(np.asarray(restored.host["pickle"]).tobytes())
-      except Exception as error:  # pylint: disable=broad-except
+      except _CODE_ERRORS as error:
+        self.close()
+        raise CheckpointError(
+            f"Checkpoint {self.path(candidate)} cannot be loaded by this code "
+            f"({type(error).__name__}: {error}); it was written by another version of "
+            "acme-jax-dqn or its dependencies. It is left as it is: resume with the "
+            "versions that wrote it.") from None
+      except _DAMAGE_ERRORS as error:
         set_aside.append(self._set_aside(candidate, error))
         continue
       return restored.state, meta, host, candidate
@@ -267,10 +299,16 @@ class Checkpointer:
     _quiet_closed_loop_callbacks()
     source = self.path(step)
     destination = os.path.join(self.directory, f"corrupt-{step}-{int(time.time())}")
-    os.replace(source, destination)
+    try:
+      os.replace(source, destination)
+    except OSError as move_error:
+      raise CheckpointError(
+          f"Checkpoint {source} is unreadable ({type(error).__name__}: {error}) and could "
+          f"not be moved aside ({move_error}). Move or delete it, then --resume again "
+          "from the previous one.") from None
     self.close()  # A new manager forgets the step list of the old one.
     message = (f"checkpoint {source} is unreadable ({type(error).__name__}: "
                f"{str(error).splitlines()[0][:200] if str(error) else ''}); moved to "
-               f"{destination}")
+               f"{destination} (rename it back to {step} to try it again)")
     print(f"warning: {message}; trying the previous one.", file=sys.stderr, flush=True)
     return message

@@ -52,7 +52,13 @@ class CSVLogger:
     with open(self.path, newline="") as f:
       reader = csv.DictReader(f)
       fieldnames = reader.fieldnames
-      rows = [row for row in reader if float(row[step_key]) <= last_step]
+      rows = []
+      for row in reader:
+        try:
+          if float(row[step_key]) <= last_step:
+            rows.append(row)
+        except (TypeError, ValueError):  # A row cut off by the crash: dropped.
+          continue
     if not fieldnames:
       return None
     tmp = self.path + ".tmp"

@@ -43,7 +43,7 @@ def run_one(preset: str, seed: str) -> dict:
   logdir = os.path.join(FLAGS.logdir, f"{preset}_seed{seed}")
   cmd = [sys.executable, "-m", "launch.run_dqn",
          f"--flagfile=launch/configs/{preset}.cfg", f"--seed={seed}",
-         f"--logdir={logdir}", "--quiet"]
+         f"--logdir={logdir}", "--quiet", "--nosave_checkpoints"]
   if FLAGS.total_steps:
     cmd.append(f"--total_steps={FLAGS.total_steps}")
   subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
@@ -55,7 +55,7 @@ def run_anakin(preset: str) -> dict:
   logdir = os.path.join(FLAGS.logdir, f"{preset}_anakin")
   cmd = [sys.executable, "-m", "launch.run_dqn", f"--flagfile=launch/configs/{preset}.cfg",
          f"--env={FLAGS.anakin_env}", "--run_mode=anakin", f"--num_seeds={FLAGS.num_seeds}",
-         "--seed=0", f"--logdir={logdir}", "--quiet", f"--eval_every={FLAGS.eval_every}",
+         "--seed=0", f"--logdir={logdir}", "--quiet", "--nosave_checkpoints", f"--eval_every={FLAGS.eval_every}",
          "--compilation_cache_dir="]  # Cold compile: the time to solve counts it.
   if FLAGS.total_steps:
     cmd.append(f"--total_steps={FLAGS.total_steps}")

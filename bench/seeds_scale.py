@@ -41,7 +41,7 @@ def main(argv):
       subprocess.run([sys.executable, "-m", "launch.run_dqn",
                       f"--flagfile={FLAGS.flagfile_preset}", f"--env={env}", f"--num_seeds={n}",
                       f"--total_steps={FLAGS.total_steps}", "--compilation_cache_dir=",
-                      f"--log_every={FLAGS.total_steps}", f"--logdir={logdir}", "--quiet"],
+                      f"--log_every={FLAGS.total_steps}", f"--logdir={logdir}", "--quiet", "--nosave_checkpoints"],
                      cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
       with open(os.path.join(ROOT, logdir, "summary.json")) as f:
         s = json.load(f)

@@ -36,7 +36,7 @@ GOALS = {1: 1.5, 8: 3.0}
 
 
 def _run(args, logdir):
-  subprocess.run([sys.executable, "-m", "launch.run_dqn", *args, f"--logdir={logdir}", "--quiet"],
+  subprocess.run([sys.executable, "-m", "launch.run_dqn", *args, f"--logdir={logdir}", "--quiet", "--nosave_checkpoints"],
                  cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
   with open(os.path.join(ROOT, logdir, "summary.json")) as f:
     return json.load(f)
@@ -101,7 +101,7 @@ def main(argv):
     subprocess.run([sys.executable, "-m", "launch.run_dqn",
                     "--flagfile=launch/configs/cartpole_local_cleanrl.cfg",
                     f"--num_envs={num_envs}", f"--total_steps={FLAGS.total_steps}",
-                    f"--logdir={logdir}", "--quiet"], cwd=ROOT, check=True,
+                    f"--logdir={logdir}", "--quiet", "--nosave_checkpoints"], cwd=ROOT, check=True,
                    stdout=subprocess.DEVNULL)
     with open(os.path.join(ROOT, logdir, "summary.json")) as f:
       s = json.load(f)

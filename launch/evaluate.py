@@ -61,6 +61,9 @@ def evaluate_checkpoint(checkpoint_dir: str, episodes: int, step=None, epsilon: 
       raise ConfigError(f"--seed_index={seed_index}: the checkpoint holds {num_seeds} "
                         f"seed(s); pick 0..{num_seeds - 1}.")
     params = jax.tree.map(lambda x: np.asarray(x)[seed_index], params)
+  elif seed_index != 0:
+    raise ConfigError(f"--seed_index={seed_index}: the checkpoint of this {meta.get('run_mode')} "
+                      "run holds one seed's parameters; drop --seed_index.")
   config = DQNConfig(**{**meta["config"], "eval_epsilon": epsilon})
   env_name = env_name or meta["experiment"]["env"]
   try:

@@ -36,7 +36,8 @@ def define_flags() -> None:
                       "Environment PREFIX:ID, e.g. gymnasium:CartPole-v1.")
   flags.DEFINE_enum("run_mode", "local", list(RUN_MODES),
                     "local: Python loop over any environment; anakin: the whole run "
-                    "compiled on a JAX (gymnax) environment.")
+                    "compiled on a JAX (gymnax) environment; distributed: replay, "
+                    "learner and --num_actors actors on Ray.")
   flags.DEFINE_integer("seed", 0, "Seed for parameters, exploration, replay and envs.")
   flags.DEFINE_integer("total_steps", experiment_defaults.total_steps,
                        "Environment steps to train for (all env copies counted).")
@@ -67,6 +68,16 @@ def define_flags() -> None:
                     "toward the same --total_steps (the whole run's budget).")
   flags.DEFINE_bool("skip_nonfinite_updates", False, "On a non-finite loss or gradient, skip "
                     "the update and go on (counted) instead of stopping the run.")
+  flags.DEFINE_integer("num_actors", experiment_defaults.num_actors,
+                       "Distributed mode: actor nodes, each with its own epsilon.")
+  flags.DEFINE_string("ray_address", "", "Distributed mode: HOST:PORT of a Ray cluster to "
+                      "join (default: $RAY_ADDRESS, else start Ray on this machine).")
+  flags.DEFINE_integer("max_learner_steps", 0, "Distributed mode: also stop at this many "
+                       "learner steps (0: no limit).")
+  flags.DEFINE_string("actor_resource", "", "Distributed mode: a Ray custom resource the "
+                      "actor nodes require (places them on the nodes that offer it).")
+  flags.DEFINE_integer("actor_insert_batch", experiment_defaults.actor_insert_batch,
+                       "Distributed mode: transitions an actor sends to replay per call.")
   for field in dataclasses.fields(DQNConfig):
     _define_field_flag(field, docs.get(field.name, field.name))
 
@@ -140,4 +151,8 @@ def _experiment_from_flags() -> ExperimentConfig:
                           keep_checkpoints=FLAGS.keep_checkpoints,
                           checkpoint_replay=FLAGS.checkpoint_replay,
                           resume=FLAGS.resume,
-                          skip_nonfinite_updates=FLAGS.skip_nonfinite_updates)
+                          skip_nonfinite_updates=FLAGS.skip_nonfinite_updates,
+                          num_actors=FLAGS.num_actors, ray_address=FLAGS.ray_address,
+                          max_learner_steps=FLAGS.max_learner_steps,
+                          actor_resource=FLAGS.actor_resource,
+                          actor_insert_batch=FLAGS.actor_insert_batch)

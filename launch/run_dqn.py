@@ -17,7 +17,7 @@ def main(argv):
   if not launch_flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO.
   from acme_jax_dqn.checkpointing import CheckpointError
-  from agents.dqn.checkpoints import NonFiniteError, RunInterrupted
+  from agents.dqn.checkpoints import RunError, RunInterrupted
   from agents.dqn.config import ConfigError
   from agents.dqn.experiment import run_experiment
   try:
@@ -27,7 +27,7 @@ def main(argv):
   except (ConfigError, CheckpointError) as error:  # Bad input: what and how to fix it.
     print(f"error: {error}", file=sys.stderr)
     return 2
-  except NonFiniteError as error:
+  except RunError as error:  # The run went wrong (a NaN, a crashed node): what and where.
     print(f"error: {error}", file=sys.stderr)
     return 3
   except RunInterrupted as stop:  # SIGTERM / Ctrl-C: saved, stopped cleanly.

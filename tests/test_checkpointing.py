@@ -3,6 +3,7 @@
 import glob
 import os
 import shutil
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +49,8 @@ def test_save_restore_round_trip_and_keep_n(tmp_path):
   assert type(restored["buffer"]) is type(_state()["buffer"])
   params, _, _ = checkpointer.restore_params(30)
   np.testing.assert_array_equal(params["w"], [30.0, 30.0])
+  with pytest.raises(checkpointing.CheckpointError, match="already exists"):
+    checkpointer.save(40, _state(), {}, host=None)  # Never overwritten.
   checkpointer.close()
 
 
@@ -78,6 +81,22 @@ def test_truncated_checkpoint_is_skipped_for_the_previous_one_and_kept_aside(tmp
   assert "unreadable" in capsys.readouterr().err
   moved = [d for d in os.listdir(tmp_path) if d.startswith("corrupt-20-")]
   assert len(moved) == 1  # Kept for inspection, out of the way of new saves.
+
+
+def test_a_checkpoint_this_code_cannot_load_is_left_in_place(tmp_path, monkeypatch):
+  module_dir = tmp_path / "mods"
+  module_dir.mkdir()
+  (module_dir / "gone_module.py").write_text("class Thing:\n  pass\n")
+  monkeypatch.syspath_prepend(str(module_dir))
+  import gone_module  # pylint: disable=import-outside-toplevel,import-error
+  checkpointer = checkpointing.Checkpointer(str(tmp_path / "ck"))
+  checkpointer.save(10, _state(), {}, host=gone_module.Thing())
+  checkpointer.close()
+  (module_dir / "gone_module.py").unlink()
+  monkeypatch.delitem(sys.modules, "gone_module")
+  with pytest.raises(checkpointing.CheckpointError, match="cannot be loaded by this code"):
+    checkpointing.Checkpointer(str(tmp_path / "ck")).restore(_state())
+  assert os.listdir(tmp_path / "ck") == ["10"]  # Not set aside: the data is fine.
 
 
 def test_no_readable_checkpoint_is_a_clear_error(tmp_path):

@@ -150,6 +150,8 @@ EXPERIMENT_OUT_OF_RANGE = {
     "log_every": (0, "--log_every"), "num_seeds": (0, "--num_seeds"),
     "checkpoint_every": (-1, "--checkpoint_every"),
     "keep_checkpoints": (-1, "--keep_checkpoints"),
+    "num_actors": (0, "--num_actors"), "max_learner_steps": (-1, "--max_learner_steps"),
+    "actor_insert_batch": (0, "--actor_insert_batch"),
 }
 
 
@@ -166,11 +168,15 @@ def test_every_numeric_flag_has_an_out_of_range_case():
   assert _numeric_fields(ExperimentConfig) == set(EXPERIMENT_OUT_OF_RANGE)
 
 
+# Flags that only apply with a variant on.
+NEEDS = {"num_atoms": {"distributional": True}}
+
+
 @pytest.mark.parametrize("field", sorted(OUT_OF_RANGE))
 def test_each_numeric_flag_out_of_range_is_rejected_naming_it(field):
   value, flag = OUT_OF_RANGE[field]
   with pytest.raises(ConfigError, match=flag):
-    DQNConfig(**{field: value})
+    DQNConfig(**{field: value, **NEEDS.get(field, {})})
 
 
 @pytest.mark.parametrize("field", sorted(EXPERIMENT_OUT_OF_RANGE))
@@ -240,6 +246,23 @@ def test_resume_from_a_corrupt_checkpoint_is_a_clear_error_that_keeps_it(saved_r
   assert "No readable checkpoint" in result.stderr and "unreadable" in result.stderr
   assert "Traceback" not in result.stderr
   assert [d for d in os.listdir(logdir / "checkpoints") if d.startswith("corrupt-400-")]
+
+
+def test_a_new_run_into_a_directory_with_checkpoints_is_refused(saved_run, tmp_path):
+  logdir = _copy_run(saved_run, tmp_path)
+  result = run_dqn(f"--flagfile={TINY}", f"--logdir={logdir}", "--total_steps=400",
+                   timeout=120)
+  assert result.returncode == 2
+  assert "holds checkpoints of an earlier run" in result.stderr and "--resume" in result.stderr
+  assert os.listdir(logdir / "checkpoints") == ["400"]
+
+
+def test_resume_with_another_seed_is_refused_naming_the_flag(saved_run, tmp_path):
+  logdir = _copy_run(saved_run, tmp_path)
+  result = run_dqn(f"--flagfile={TINY}", f"--logdir={logdir}", "--total_steps=800",
+                   "--resume", "--seed=5", timeout=120)
+  assert result.returncode == 2
+  assert "--seed=5 (checkpoint: 0)" in result.stderr and "another run" in result.stderr
 
 
 def test_evaluate_without_a_checkpoint_is_a_clear_error(tmp_path):

@@ -105,6 +105,11 @@ def test_anakin_sigkill_after_a_checkpoint_then_resume_is_exact(tmp_path):
   _assert_same_run(full, killed, resumed_from=resume_step)
   assert (_summary(full)["params_checksum_per_seed"]
           == _summary(killed)["params_checksum_per_seed"])
+  # Other chunking flags would make another compiled program: refused before compiling.
+  result = run_dqn(f"--logdir={killed}", *args, "--resume", "--log_every=600",
+                   "--eval_every=600")
+  assert result.returncode == 2 and "split its budget" in result.stderr
+  assert "--log_every=300" in result.stderr
 
 
 def test_sigterm_saves_at_the_next_step_and_resume_finishes_the_budget(tmp_path):

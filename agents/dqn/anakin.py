@@ -12,6 +12,7 @@ import concurrent.futures
 import functools
 import math
 import os
+import sys
 import time
 from typing import Any, Dict, List
 
@@ -53,6 +54,34 @@ class AnakinPlan:
     self.env_steps = (self.fill_env_steps
                       + self.num_chunks * self.iterations_per_chunk * self.steps_per_iteration)
 
+  def as_dict(self) -> Dict[str, int]:
+    """What a resumed run must share with the saved one (its compiled chunk and budget)."""
+    return {"steps_per_iteration": self.steps_per_iteration,
+            "fill_env_steps": self.fill_env_steps, "num_chunks": self.num_chunks,
+            "iterations_per_chunk": self.iterations_per_chunk}
+
+
+def _check_resumable_plan(run_checkpoints, plan: AnakinPlan) -> None:
+  """The newest checkpoint's chunking must be this run's (one compiled chunk, same budget)."""
+  step = run_checkpoints.checkpointer.latest_step()
+  if step is None:
+    return  # The restore says there is nothing to resume.
+  try:
+    meta = run_checkpoints.checkpointer.read_meta(step)
+  except (OSError, ValueError):
+    return  # The restore deals with unreadable checkpoints.
+  saved = meta.get("plan")
+  if saved is not None and saved != plan.as_dict():
+    experiment = meta.get("experiment", {})
+    flags_text = ", ".join(f"--{name}={experiment.get(name)}" for name in
+                           ("log_every", "eval_every", "checkpoint_every", "total_steps"))
+    raise checkpointing.CheckpointError(
+        f"--resume: the checkpoint's run split its budget into {saved['num_chunks']} chunks "
+        f"of {saved['iterations_per_chunk']} iterations, and these flags give "
+        f"{plan.num_chunks} of {plan.iterations_per_chunk}. In anakin mode --log_every, "
+        "--eval_every, --checkpoint_every and --total_steps set the chunks of the compiled "
+        f"program: resume with the checkpoint's values ({flags_text}).")
+
 
 def _compile_in_background(lowered) -> concurrent.futures.Future:
   executor = concurrent.futures.ThreadPoolExecutor(1)
@@ -81,6 +110,8 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
     raise ConfigError(str(error)) from error
   trainer = builder.make_anakin(env, networks, experiment.eval_episodes)
   plan = AnakinPlan(trainer, config, experiment)
+  if experiment.resume:  # Before compiling: a plan that differs costs seconds, not a compile.
+    _check_resumable_plan(checkpoints.RunCheckpoints(experiment, config), plan)
   num_seeds = experiment.num_seeds
   seeds = [experiment.seed + i for i in range(num_seeds)]
   train_keys = np.stack([np.asarray(jax.random.PRNGKey(s)) for s in seeds])
@@ -108,10 +139,12 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
     done_chunks, learner_steps = host["chunks"], host["learner_steps"]
     eval_rows, last_row = list(host["eval_rows"]), dict(host["last_row"])
     resumed_from = int(meta["env_steps"])
+  else:
+    run_checkpoints.check_fresh_start()
   # `compile_s`: all the time before the first env step of training
   # (the n-step window fill in `init` is a few steps).
   compile_s = time.perf_counter() - start
-  first_step = plan.fill_env_steps + done_chunks * plan.iterations_per_chunk * plan.steps_per_iteration
+  first_step = resumed_from or 0
 
   os.makedirs(experiment.logdir, exist_ok=True)
   train_csv = loggers.CSVLogger(os.path.join(experiment.logdir, "train.csv"),
@@ -142,17 +175,27 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
       loggers.TerminalLogger("eval").write(row)
     eval_rows.append({**row, "eval_return_per_seed": per_seed.tolist()})
 
+  def nonfinite_check(nonfinite, first_nonfinite, env_steps):
+    seeds_bad = [(int(step), s) for step, s in zip(first_nonfinite, seeds) if step >= 0]
+    if seeds_bad:
+      step, seed = min(seeds_bad)
+      run_checkpoints.check_finite(int(np.sum(nonfinite)), step,
+                                   f" (seed {seed}, env step <= {env_steps})")
+
   def save(env_steps: int, chunks: int):
     return run_checkpoints.save(env_steps, {"anakin": state}, {
         "chunks": chunks, "learner_steps": learner_steps, "eval_rows": eval_rows,
-        "last_row": last_row}, {"run_mode": "anakin", "learner_steps": learner_steps,
-                                "num_seeds": num_seeds, "replay_saved": True},
-        params=state.learner.online_params)
+        "last_row": last_row, "plan": plan.as_dict()}, {
+            "run_mode": "anakin", "learner_steps": learner_steps, "num_seeds": num_seeds,
+            "replay_saved": True, "plan": plan.as_dict(),
+            "nonfinite_updates": int(np.sum(jax.device_get(state.learner.nonfinite_updates)))},
+        params=jax.device_get(state.learner.online_params))
 
   next_eval = checkpoints.next_multiple(first_step, experiment.eval_every)
   next_save = checkpoints.next_multiple(first_step, run_checkpoints.every)
-  nonfinite_updates = 0
-  with checkpoints.Preemption() as preemption:
+  # Signals are held from here to the final checkpoint (see run_local_experiment).
+  preemption = checkpoints.Preemption().__enter__()
+  try:
     for chunk in range(done_chunks + 1, plan.num_chunks + 1):
       state, metrics = train_chunk(state, np.int32((chunk - 1) * plan.iterations_per_chunk))
       metrics = jax.device_get(metrics)  # One transfer per chunk, [num_seeds] each.
@@ -161,7 +204,7 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
       episodes = metrics.pop("episodes")
       return_sum = metrics.pop("episode_return_sum")
       first_nonfinite = metrics.pop("first_nonfinite_step")
-      nonfinite_updates = int(metrics.pop("nonfinite_updates").sum())
+      nonfinite = metrics.pop("nonfinite_updates")
       with np.errstate(invalid="ignore", divide="ignore"):
         returns = np.where(episodes > 0, return_sum / np.maximum(episodes, 1), np.nan)
       elapsed = time.perf_counter() - train_start - eval_s
@@ -171,14 +214,11 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
                   "episodes": int(episodes.sum()),
                   "return_recent": float(np.nanmean(returns)) if np.any(episodes) else math.nan,
                   **{name: _mean(value) for name, value in metrics.items()},
-                  "nonfinite_updates": nonfinite_updates}
+                  "nonfinite_updates": int(np.sum(nonfinite))}
       train_csv.write(last_row)
       if terminal:
         terminal.write(last_row)
-      bad = [(int(step), s) for step, s in zip(first_nonfinite, seeds) if step >= 0]
-      if bad:
-        run_checkpoints.check_finite(min(bad)[0], f" (seed {min(bad)[1]}, env step <= "
-                                     f"{env_steps})")
+      nonfinite_check(nonfinite, first_nonfinite, env_steps)
       if next_eval is not None and env_steps >= next_eval:
         run_eval(env_steps, learner_steps, len(eval_rows))
         next_eval = checkpoints.next_multiple(env_steps, experiment.eval_every)
@@ -188,13 +228,19 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
       if preemption.requested() and chunk < plan.num_chunks:
         raise checkpoints.RunInterrupted(preemption.signum, env_steps, save(env_steps, chunk))
       run_checkpoints.maybe_kill(env_steps)
-  if not eval_rows or eval_rows[-1]["env_steps"] != plan.env_steps:
-    run_eval(plan.env_steps, learner_steps, len(eval_rows))
-  wall_s = time.perf_counter() - start
-  train_csv.close()
-  eval_csv.close()
-  save(plan.env_steps, plan.num_chunks)
+    if not eval_rows or eval_rows[-1]["env_steps"] != plan.env_steps:
+      run_eval(plan.env_steps, learner_steps, len(eval_rows))
+    wall_s = time.perf_counter() - start
+    train_csv.close()
+    eval_csv.close()
+    try:  # The final checkpoint (see run_local_experiment).
+      save(plan.env_steps, plan.num_chunks)
+    except (OSError, ValueError) as error:
+      print(f"warning: the final checkpoint could not be saved ({error}).", file=sys.stderr)
+  finally:
+    preemption.__exit__(None, None, None)
   run_checkpoints.close()
+  nonfinite_updates = int(np.sum(jax.device_get(state.learner.nonfinite_updates)))
   final = eval_rows[-1]
   summary = base_summary(experiment, config, env_steps=plan.env_steps,
                          learner_steps=learner_steps, wall_s=wall_s, compile_s=compile_s,

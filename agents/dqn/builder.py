@@ -120,11 +120,17 @@ class DQNBuilder:
                       next_observation=observation)
 
   def make_replay_buffer(self, spec: specs.EnvironmentSpec,
-                         replay: Optional[replay_lib.Replay] = None
-                         ) -> replay_lib.ReplayBuffer:
+                         replay: Optional[replay_lib.Replay] = None,
+                         insert_chunk: Optional[int] = None) -> replay_lib.ReplayBuffer:
+    """Host-fed replay; items enter the device buffer in chunks of `insert_chunk`.
+
+    The default chunk is what one learner call's ratio asks for (local mode
+    writes one chunk per learner call); a replay fed in batches (the
+    distributed replay node) passes its batch size.
+    """
     return replay_lib.ReplayBuffer(replay or self.make_replay(),
                                    self.example_transition(spec),
-                                   insert_chunk=self.config.inserts_per_learner_step)
+                                   insert_chunk=insert_chunk or self.config.inserts_per_learner_step)
 
   def make_adder(self, replay_buffer: replay_lib.ReplayBuffer,
                  num_envs: int = 1) -> adders.NStepTransitionAdder:

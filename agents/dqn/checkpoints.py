@@ -18,8 +18,9 @@ from typing import Any, Dict, Optional, Tuple
 from acme_jax_dqn import checkpointing
 from agents.dqn.config import ConfigError, DQNConfig
 
-# Experiment fields that change the saved layout (the others may change on resume).
-_LAYOUT_EXPERIMENT_FIELDS = ("env", "run_mode", "num_seeds")
+# Flags a resumed run must share with the checkpoint's run (else it would be another run).
+_SAME_EXPERIMENT_FIELDS = ("env", "run_mode", "num_seeds", "seed")
+_SAME_CONFIG_FIELDS = ("num_envs", "n_step")
 # Experiment fields that never matter for the resumed computation.
 _RUN_ONLY_FIELDS = ("logdir", "quiet", "resume", "checkpoint_dir", "checkpoint_every",
                     "keep_checkpoints", "compilation_cache_dir", "one_cpu_core",
@@ -42,7 +43,11 @@ class RunInterrupted(Exception):
     return 128 + self.signum  # The shell's convention: 143 for SIGTERM, 130 for Ctrl-C.
 
 
-class NonFiniteError(RuntimeError):
+class RunError(RuntimeError):
+  """A run that cannot go on; the message says what happened and what is kept."""
+
+
+class NonFiniteError(RunError):
   """A non-finite loss or gradient, with the learner step and the last good checkpoint."""
 
 
@@ -59,7 +64,7 @@ class Preemption:
 
   def _handle(self, signum, frame):
     del frame
-    if signum == signal.SIGINT and self.signum == signal.SIGINT:
+    if signum == signal.SIGINT and self.signum is not None:
       raise KeyboardInterrupt
     self.signum = signum
     print(f"\n{signal.Signals(signum).name}: saving a checkpoint at the next step "
@@ -73,7 +78,7 @@ class Preemption:
 
   def __exit__(self, *exc):
     for signum, handler in self._previous.items():
-      signal.signal(signum, handler)
+      signal.signal(signum, signal.SIG_DFL if handler is None else handler)
     self._previous = {}
     return False
 
@@ -100,6 +105,8 @@ class RunCheckpoints:
     self.last_path: Optional[str] = None
     self.last_step: Optional[int] = None
     self.save_s = 0.0
+    self._nonfinite_at_start = 0
+    self._restored_learner_steps = 0
     kill_at = os.environ.get(SIGKILL_AT_STEP_VAR)
     self._kill_at = int(kill_at) if kill_at else None
 
@@ -135,7 +142,19 @@ class RunCheckpoints:
         return " No flag differs from the checkpoint's run (was it made by another version?)."
       return " Flags that differ from the checkpoint's run: " + "; ".join(differences) + "."
 
-    arrays, meta, host, step = self.checkpointer.restore(target, explain=explain)
+    arrays, meta, host, step = self.checkpointer.restore(
+        checkpointing.abstract_tree(target), explain=explain)
+    fixed = self._flag_differences(meta, fields=_SAME_EXPERIMENT_FIELDS) + [
+        d for d in checkpointing.differing_fields(
+            {k: meta.get("config", {}).get(k) for k in _SAME_CONFIG_FIELDS},
+            {k: getattr(self._config, k) for k in _SAME_CONFIG_FIELDS})]
+    fixed = sorted(set(fixed))
+    if fixed:
+      self.checkpointer.close()
+      raise checkpointing.CheckpointError(
+          f"--resume from {self.checkpointer.path(step)}: these flags differ from the "
+          f"checkpoint's run, so it would be another run: {'; '.join(fixed)}. Resume "
+          "with the checkpoint's values, or start a new run in a new --logdir.")
     differences = self._flag_differences(meta)
     if differences:
       print("warning: resuming with flags that differ from the checkpoint's run, so the "
@@ -144,7 +163,20 @@ class RunCheckpoints:
     print(f"resumed from {self.checkpointer.path(step)} (env step {meta['env_steps']})",
           flush=True)
     self.last_path, self.last_step = self.checkpointer.path(step), step
+    self._nonfinite_at_start = int(meta.get("nonfinite_updates", 0))
+    self._restored_learner_steps = int(meta.get("learner_steps", 0))
     return arrays, meta, host
+
+  def check_fresh_start(self) -> None:
+    """A new run must not write into a directory that holds another run's checkpoints."""
+    if not self.enabled or not os.path.isdir(self.directory):
+      return
+    steps = self.checkpointer.steps()
+    if steps:
+      raise ConfigError(
+          f"{self.directory} holds checkpoints of an earlier run (env steps {steps}). "
+          "Pass --resume to continue that run, or use a new --logdir (or "
+          "--checkpoint_dir) for a new one; delete the directory to discard them.")
 
   def due(self, env_steps: int, next_save: Optional[int]) -> bool:
     return next_save is not None and env_steps >= next_save
@@ -154,6 +186,8 @@ class RunCheckpoints:
     """Saves checkpoint `env_steps` (when checkpoints are on) and returns its path."""
     if not self.enabled:
       return None
+    if env_steps == self.last_step:  # Saved already (or restored from) at this step.
+      return self.last_path
     start = time.perf_counter()
     meta = {**meta, "env_steps": env_steps, "config": dataclasses.asdict(self._config),
             "experiment": dataclasses.asdict(self._experiment)}
@@ -162,17 +196,26 @@ class RunCheckpoints:
     self.save_s += time.perf_counter() - start
     return self.last_path
 
-  def check_finite(self, first_nonfinite_step: int, where: str = "") -> None:
-    """Stops the run on a non-finite update unless --skip_nonfinite_updates."""
-    if first_nonfinite_step < 0 or self._experiment.skip_nonfinite_updates:
+  def check_finite(self, nonfinite_updates: int, first_nonfinite_step: int,
+                   where: str = "") -> None:
+    """Stops the run on a new non-finite update unless --skip_nonfinite_updates.
+
+    Updates counted before this start (a run saved with
+    --skip_nonfinite_updates) do not stop it.
+    """
+    if nonfinite_updates <= self._nonfinite_at_start or self._experiment.skip_nonfinite_updates:
       return
-    last = (f"The last good checkpoint is {self.last_path}; it restores with --resume"
-            if self.last_path else "No checkpoint was saved before it")
+    if self._nonfinite_at_start == 0:
+      when = f"at learner step {first_nonfinite_step}"
+    else:
+      when = f"after learner step {self._restored_learner_steps}"
+    last = (f"The last good checkpoint is {self.last_path}" if self.last_path
+            else "No checkpoint was saved before it")
     raise NonFiniteError(
-        f"Non-finite loss or gradient at learner step {first_nonfinite_step}{where}: the "
-        f"update was not applied and the run stopped. {last}. Look for NaN or inf in "
-        "rewards or observations, or lower --learning_rate; or pass "
-        "--skip_nonfinite_updates to skip such updates and count them "
+        f"Non-finite loss or gradient {when}{where}: the update was not applied and "
+        f"the run stopped. {last} (finite parameters). Look for NaN or inf in rewards "
+        "or observations, or lower --learning_rate, then resume with --resume; or "
+        "resume with --skip_nonfinite_updates to skip such updates and count them "
         "(train.csv column nonfinite_updates).")
 
   def maybe_kill(self, env_steps: int) -> None:
@@ -197,6 +240,9 @@ def check_experiment(experiment) -> None:
   if experiment.checkpoint_every > 0 and not experiment.save_checkpoints:
     raise ConfigError(f"--checkpoint_every={experiment.checkpoint_every} asks for "
                       "checkpoints and --nosave_checkpoints turns them off; drop one.")
+  if experiment.run_mode == "distributed" and experiment.resume:
+    raise ConfigError("--resume: distributed runs save a final checkpoint (for "
+                      "launch.evaluate) but cannot resume yet; run without --resume.")
   if experiment.run_mode == "anakin" and not experiment.checkpoint_replay:
     raise ConfigError("--nocheckpoint_replay: in anakin mode the replay is part of the "
                       "compiled state and is always saved; drop the flag.")

@@ -185,9 +185,9 @@ def _check(c: DQNConfig) -> None:
   if not c.v_min < c.v_max:
     _fail("v_min", c.v_min, f"must be below --v_max={c.v_max}: the C51 support "
           "runs from v_min up to v_max.")
-  if c.num_atoms < 2:
+  if c.distributional and c.num_atoms < 2:
     _fail("num_atoms", c.num_atoms, "C51 (--distributional) needs at least 2 atoms "
-          "(51 in the paper).")
+          "(51 in the paper); use --nodistributional for a plain Q head.")
   if c.min_replay_size > c.replay_capacity:
     _fail("min_replay_size", c.min_replay_size,
           f"is above --replay_capacity={c.replay_capacity}, so learning would "

@@ -4,6 +4,7 @@ import dataclasses
 import os
 import pickle
 import platform
+import sys
 import time
 from typing import Any, Dict, List, Optional
 
@@ -20,7 +21,7 @@ from agents.dqn import checkpoints
 from agents.dqn.config import ConfigError, DQNConfig
 from agents.dqn.local import LocalAgent
 
-RUN_MODES = ("local", "anakin")
+RUN_MODES = ("local", "anakin", "distributed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +57,14 @@ class ExperimentConfig:
       the same `total_steps` (the budget is the whole run's).
     skip_nonfinite_updates: on a non-finite loss or gradient, skip the
       update and go on (counted in train.csv) instead of stopping the run.
+    num_actors: actor nodes of the distributed program.
+    ray_address: HOST:PORT of a Ray cluster to join ("" starts Ray on this
+      machine, or joins $RAY_ADDRESS when set).
+    max_learner_steps: distributed runs also stop at this many learner
+      steps (0: no limit).
+    actor_resource: a Ray custom resource actor nodes require, to place
+      them on the cluster nodes that offer it ("" places them anywhere).
+    actor_insert_batch: transitions an actor sends to replay per call.
   """
   env: str = "gymnasium:CartPole-v1"
   run_mode: str = "local"
@@ -76,6 +85,11 @@ class ExperimentConfig:
   checkpoint_replay: bool = True
   resume: bool = False
   skip_nonfinite_updates: bool = False
+  num_actors: int = 2
+  ray_address: str = ""
+  max_learner_steps: int = 0
+  actor_resource: str = ""
+  actor_insert_batch: int = 64
 
   def __post_init__(self):
     if self.run_mode not in RUN_MODES:
@@ -95,6 +109,14 @@ class ExperimentConfig:
           f"--num_seeds={self.num_seeds} trains seeds together in one compiled "
           "program, which needs --run_mode=anakin (and a gymnax environment); in "
           "local mode run one seed per process with --seed.")
+    if self.num_actors < 1:
+      raise ValueError(f"--num_actors={self.num_actors}: the distributed program needs at "
+                       "least 1 actor node.")
+    if self.max_learner_steps < 0:
+      raise ValueError(f"--max_learner_steps={self.max_learner_steps}: must be 0 (no limit) "
+                       "or positive.")
+    if self.actor_insert_batch < 1:
+      raise ValueError(f"--actor_insert_batch={self.actor_insert_batch}: must be at least 1.")
     checkpoints.check_experiment(self)
 
 
@@ -118,6 +140,9 @@ def run_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str,
   if experiment.run_mode == "anakin":
     from agents.dqn.anakin import run_anakin_experiment  # Imports gymnax only when asked.
     return run_anakin_experiment(experiment, config)
+  if experiment.run_mode == "distributed":
+    from agents.dqn.distributed import run_distributed_experiment  # Imports ray only when asked.
+    return run_distributed_experiment(experiment, config)
   return run_local_experiment(experiment, config)
 
 
@@ -153,12 +178,29 @@ def base_summary(experiment: ExperimentConfig, config: DQNConfig, *, env_steps: 
   }
 
 
-def _picklable(obj) -> bool:
+def saveable_environment(environment) -> bool:
+  """Whether pickling `environment` saves where it is (so resume continues its episodes).
+
+  gymnasium's classic-control envs pickle their whole state. Envs built on
+  `gymnasium.utils.EzPickle` (MuJoCo, Box2D, Atari, toy text) pickle only
+  their constructor arguments and would come back reset, so they count as
+  not saveable; so does anything that does not pickle (gymnax envs hold
+  jitted functions).
+  """
+  from gymnasium.utils import EzPickle  # pylint: disable=import-outside-toplevel
+  from acme_jax_dqn.envs.batched import BatchedEnvironment  # pylint: disable=import-outside-toplevel
+  from acme_jax_dqn.envs.gymnasium_adapter import GymnasiumEnvironment  # pylint: disable=import-outside-toplevel
+  copies = (environment._envs if isinstance(environment, BatchedEnvironment)  # pylint: disable=protected-access
+            else [environment])
+  for copy in copies:
+    if not isinstance(copy, GymnasiumEnvironment) or isinstance(copy.gym_env.unwrapped,
+                                                                 EzPickle):
+      return False
   try:
-    pickle.dumps(obj)
-    return True
+    pickle.dumps(environment)
   except Exception:  # pylint: disable=broad-except
     return False
+  return True
 
 
 def run_local_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str, Any]:
@@ -168,8 +210,8 @@ def run_local_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dic
   env steps and on SIGTERM / Ctrl-C (then raises `RunInterrupted`);
   `resume` continues from the newest checkpoint. A checkpoint holds the
   learner state, the replay (with `checkpoint_replay`), the actors' RNG
-  states, the adder's windows and the environments (pickled, when they
-  pickle), so a resumed run repeats the uninterrupted one exactly.
+  states, the adder's windows and the environments (pickled, when that
+  saves their state), so a resumed run repeats the uninterrupted one exactly.
   """
   start = time.perf_counter()
   utils.configure_cpu_dispatch(config.num_envs)
@@ -187,22 +229,29 @@ def run_local_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dic
                                         evaluation=True)
   loop = loop_lib.EnvironmentLoop(environment, agent)
   run_checkpoints = checkpoints.RunCheckpoints(experiment, config)
+  env_saveable = saveable_environment(environment) and saveable_environment(eval_environment)
+  if run_checkpoints.enabled and not env_saveable:
+    print(f"warning: the state of {experiment.env} cannot be saved in checkpoints; a "
+          "resumed run starts new episodes, so it is not the uninterrupted run.",
+          file=sys.stderr, flush=True)
   eval_rows: List[Dict[str, Any]] = []
-  resumed_from = None
+  resumed_from, resume_exact = None, True
   if experiment.resume:
     target, _ = agent.checkpoint(include_replay=experiment.checkpoint_replay)
     arrays, meta, host = run_checkpoints.restore(target)
+    del target
     agent.restore(arrays, host["agent"])
-    loop_state = host["loop"]
-    if host["environment"] is None:  # The env did not pickle: start new episodes.
-      loop_state = {**loop_state, "timestep": None}
-      agent.actor.set_state({**host["agent"]["actor"], "adder": None})
-    loop.set_state(loop_state, environment=host["environment"])
-    if host["eval_environment"] is not None:
+    resume_exact = bool(meta.get("environment_saved")) and bool(meta.get("replay_saved"))
+    if host["environment"] is None:  # Its state was not saved: start new episodes.
+      loop.set_state({**host["loop"], "timestep": None})
+    else:
+      loop.set_state(host["loop"], environment=host["environment"])
       eval_environment = host["eval_environment"]
     eval_actor.set_state(host["eval_actor"])
     eval_rows = list(host["eval_rows"])
     resumed_from = int(meta["env_steps"])
+  else:
+    run_checkpoints.check_fresh_start()
 
   os.makedirs(experiment.logdir, exist_ok=True)
   train_csv = loggers.CSVLogger(os.path.join(experiment.logdir, "train.csv"),
@@ -221,9 +270,8 @@ def run_local_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dic
   eval_s = 0.0
   env_steps = int(loop.counter.get_counts().get("steps", 0))
   first_step = env_steps
-  every = experiment
-  next_eval = checkpoints.next_multiple(env_steps, every.eval_every)
-  next_log = checkpoints.next_multiple(env_steps, every.log_every)
+  next_eval = checkpoints.next_multiple(env_steps, experiment.eval_every)
+  next_log = checkpoints.next_multiple(env_steps, experiment.log_every)
   next_save = checkpoints.next_multiple(env_steps, run_checkpoints.every)
   train_start = time.perf_counter()
 
@@ -243,22 +291,25 @@ def run_local_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dic
     eval_rows.append(row)
 
   def check_finite():
-    run_checkpoints.check_finite(int(agent.learner.state.first_nonfinite_step),
+    state = agent.learner.state
+    run_checkpoints.check_finite(int(state.nonfinite_updates), int(state.first_nonfinite_step),
                                  f" (env step <= {env_steps})")
 
   def save():
-    check_finite()  # Never overwrite the last good checkpoint with a non-finite state.
+    check_finite()  # Never save a non-finite state over the last good checkpoint.
     arrays, agent_host = agent.checkpoint(include_replay=experiment.checkpoint_replay)
-    env_ok = _picklable(loop.environment)
     host = {"agent": agent_host, "loop": loop.get_state(),
-            "environment": loop.environment if env_ok else None,
-            "eval_environment": eval_environment if _picklable(eval_environment) else None,
+            "environment": loop.environment if env_saveable else None,
+            "eval_environment": eval_environment if env_saveable else None,
             "eval_actor": eval_actor.get_state(), "eval_rows": eval_rows}
     return run_checkpoints.save(env_steps, arrays, host, {
         "run_mode": "local", "learner_steps": agent.learner_steps,
-        "environment_saved": env_ok, "replay_saved": experiment.checkpoint_replay},
-        params=arrays["learner"].online_params)
+        "nonfinite_updates": int(arrays["learner"].nonfinite_updates),
+        "environment_saved": env_saveable, "replay_saved": experiment.checkpoint_replay},
+        params=jax.device_get(arrays["learner"].online_params))
 
+  # Signals are held from here to the final checkpoint: SIGTERM or Ctrl-C
+  # saves and stops at the next step boundary (or lets the run finish).
   with checkpoints.Preemption() as preemption:
     while env_steps < experiment.total_steps:
       chunk = min(x for x in (next_log, next_eval, next_save, experiment.total_steps)
@@ -288,13 +339,16 @@ def run_local_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dic
       if preemption.requested() and env_steps < experiment.total_steps:
         raise checkpoints.RunInterrupted(preemption.signum, env_steps, save())
       run_checkpoints.maybe_kill(env_steps)
-  check_finite()
-  if not eval_rows or eval_rows[-1]["env_steps"] != env_steps:
-    run_eval()
-  wall_s = time.perf_counter() - start
-  train_csv.close()
-  eval_csv.close()
-  save()  # The final checkpoint: for launch.evaluate, or to train on with a larger budget.
+    check_finite()
+    if not eval_rows or eval_rows[-1]["env_steps"] != env_steps:
+      run_eval()
+    wall_s = time.perf_counter() - start
+    train_csv.close()
+    eval_csv.close()
+    try:  # The final checkpoint: for launch.evaluate, or to train on with a larger budget.
+      save()
+    except (OSError, ValueError) as error:  # The run is done: keep its summary anyway.
+      print(f"warning: the final checkpoint could not be saved ({error}).", file=sys.stderr)
   run_checkpoints.close()
 
   summary = base_summary(experiment, config, env_steps=env_steps,
@@ -304,6 +358,7 @@ def run_local_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dic
   summary.update(train_episodes=len(loop.episodes),
                  train_return_recent=_recent_mean(loop.episodes),
                  **checkpoint_summary(run_checkpoints, resumed_from),
+                 resume_exact=resume_exact if resumed_from is not None else None,
                  params_checksum=checkpointing.params_checksum(
                      agent.learner.state.online_params),
                  nonfinite_updates=int(agent.learner.state.nonfinite_updates))

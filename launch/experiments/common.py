@@ -47,7 +47,7 @@ def run_agent(agent: str, flagfile: str, env: str, seeds: Sequence[int], run_mod
               out: str, total_steps: int, eval_every: int, extra: Sequence[str] = ()) -> Result:
   """Runs `flagfile` on `env` for `seeds`: one process per seed, or one vmapped anakin run."""
   common = [sys.executable, "-m", "launch.run_dqn", f"--flagfile={flagfile}", f"--env={env}",
-            f"--run_mode={run_mode}", f"--eval_every={eval_every}", "--quiet", *extra]
+            f"--run_mode={run_mode}", f"--eval_every={eval_every}", "--quiet", "--nosave_checkpoints", *extra]
   if total_steps:
     common.append(f"--total_steps={total_steps}")
   if run_mode == "anakin":
