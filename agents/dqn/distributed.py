@@ -203,6 +203,9 @@ class ReplayNode:
   async def ping(self) -> bool:
     return True
 
+  async def pid(self) -> int:
+    return os.getpid()
+
 
 class VariableServer:
   """Holds the newest parameters as one Ray object (put once, read by every actor)."""
@@ -296,6 +299,9 @@ class LearnerNode:
 
   def state(self):
     return jax.device_get(self._state)
+
+  def pid(self) -> int:
+    return os.getpid()
 
 
 class _RemoteVariables:
@@ -446,11 +452,11 @@ def _start_ray(address: str):
   except ImportError:
     raise ConfigError("--run_mode=distributed runs on Ray, which is not installed: "
                       "pip install -e '.[distributed]' (or pip install 'ray>=2.9').") from None
-  os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # A local, private Ray.
   if address:
     _check_address(address)
     ray.init(address=address, log_to_driver=False, configure_logging=False)
     return ray, False
+  os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # A private Ray on this machine.
   ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
            configure_logging=False)
   return ray, True
@@ -498,6 +504,11 @@ def _run(ray, experiment, config, spec, start, num_actors, insert_batch, base_su
   compile_s = time.perf_counter() - start
 
   os.makedirs(experiment.logdir, exist_ok=True)
+  # Where each node runs (pid, Ray node), for operators and the fault test.
+  loggers.write_json_atomic(os.path.join(experiment.logdir, "nodes.json"), {
+      "actors": actor_info, "learner": {"pid": ray.get(learner.pid.remote())},
+      "replay": {"pid": ray.get(replay.pid.remote())},
+      "ray_address": ray.get_runtime_context().gcs_address})
   train_csv = loggers.CSVLogger(os.path.join(experiment.logdir, "train.csv"))
   eval_csv = loggers.CSVLogger(os.path.join(experiment.logdir, "eval.csv"))
   terminal = None if experiment.quiet else loggers.TerminalLogger("train")

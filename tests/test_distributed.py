@@ -1,0 +1,144 @@
+"""Distributed mode on Ray: the rate limiter, a killed actor, a two-node cluster, bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from agents.dqn import ConfigError, DQNConfig
+from agents.dqn.distributed import RateLimiter, check_distributed, error_buffer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join("tests", "configs", "tiny_distributed.cfg")
+
+
+def _cmd(*args):
+  return [sys.executable, "-m", "launch.run_dqn", f"--flagfile={TINY}", *args]
+
+
+def test_rate_limiter_waits_for_min_size_then_keeps_the_ratio():
+  limiter = RateLimiter(samples_per_insert=4.0, min_size=100, error_buffer=64.0)
+  assert not limiter.can_sample(16)
+  assert limiter.can_insert(100)
+  limiter.inserts = 100
+  # Greedy simulation: insert 8 when allowed, sample 16 when allowed, for a while.
+  worst = 0.0
+  for _ in range(5000):
+    if limiter.can_sample(16):
+      limiter.samples += 16
+    elif limiter.can_insert(8):
+      limiter.inserts += 8
+    else:
+      raise AssertionError("deadlock: neither insert nor sample is allowed")
+    worst = max(worst, abs((limiter.inserts - 100) * 4.0 - limiter.samples))
+  assert worst <= 64.0 + 8 * 4.0  # Within the error buffer (plus one insert).
+  assert limiter.samples / (limiter.inserts - 100) == pytest.approx(4.0, rel=0.02)
+
+
+def test_error_buffer_leaves_room_for_every_actor_batch():
+  config = DQNConfig(batch_size=32, samples_per_insert=8.0)
+  buffer = error_buffer(config, num_actors=4, insert_batch=64)
+  assert buffer >= 8.0 * 64 * 4 and buffer >= 2 * config.samples_per_learner_step
+
+
+def test_replay_too_small_for_the_limiter_is_a_config_error():
+  config = DQNConfig(replay_capacity=1000, min_replay_size=1000)
+  with pytest.raises(ConfigError, match="--replay_capacity=1000 is too small"):
+    check_distributed(config, num_actors=2, insert_batch=64)
+
+
+def _wait_for(path, timeout=240):
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if os.path.exists(path):
+      return True
+    time.sleep(0.2)
+  return False
+
+
+def test_killed_actor_restarts_and_the_counts_add_up(tmp_path):
+  logdir = tmp_path / "run"
+  process = subprocess.Popen(_cmd(f"--logdir={logdir}", "--total_steps=6000",
+                                  "--log_every=500", "--eval_every=0"),
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+  try:
+    assert _wait_for(logdir / "nodes.json")
+    nodes = json.loads((logdir / "nodes.json").read_text())
+    assert _wait_for(logdir / "train.csv")  # Training runs: kill actor 0 now.
+    os.kill(nodes["actors"][0]["pid"], signal.SIGKILL)
+    stdout, stderr = process.communicate(timeout=300)
+  finally:
+    process.kill()
+  assert process.returncode == 0, (stdout[-2000:], stderr[-3000:])
+  summary = json.loads((logdir / "summary.json").read_text())
+  assert summary["actor_restarts"][0] >= 1 and summary["actor_restarts_total"] >= 1
+  # The replay counts env steps only for accepted inserts, once each.
+  assert summary["env_steps"] == sum(summary["actor_steps"])
+  assert summary["env_steps"] >= 6000 and all(n > 0 for n in summary["actor_steps"])
+  assert summary["learner_steps"] > 0 and summary["replay_inserts"] > 0
+  base, alpha = 0.4, 7.0  # Ape-X: eps_i = base ** (1 + alpha * i / (N - 1)).
+  np.testing.assert_allclose(summary["actor_epsilons"], [base, base ** (1 + alpha)],
+                             rtol=1e-5)
+  assert np.isfinite(summary["eval_return_mean"])
+
+
+def test_actors_run_on_the_second_node_of_a_cluster(tmp_path):
+  from ray.cluster_utils import Cluster  # pylint: disable=import-outside-toplevel
+  os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+  cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+  try:
+    worker = cluster.add_node(num_cpus=2, resources={"actor_host": 4})
+    cluster.wait_for_nodes()
+    logdir = tmp_path / "run"
+    result = subprocess.run(
+        _cmd(f"--logdir={logdir}", "--total_steps=2000", "--log_every=1000",
+             "--eval_every=0", f"--ray_address={cluster.address}",
+             "--actor_resource=actor_host"),
+        cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["actor_node_ids"] == [worker.node_id] * 2
+    assert summary["env_steps"] == sum(summary["actor_steps"]) >= 2000
+    assert summary["ray_address"] == cluster.address
+  finally:
+    cluster.shutdown()
+
+
+def test_unreachable_ray_address_fails_within_seconds(tmp_path):
+  start = time.time()
+  result = subprocess.run(_cmd(f"--logdir={tmp_path / 'run'}", "--ray_address=127.0.0.1:9"),
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2
+  assert "--ray_address=127.0.0.1:9: no Ray head node answers there" in result.stderr
+  assert "Traceback" not in result.stderr
+  assert time.time() - start < 60  # Mostly the JAX import; the check itself takes <= 3 s.
+
+
+def test_replay_too_small_through_the_cli(tmp_path):
+  result = subprocess.run(_cmd(f"--logdir={tmp_path / 'run'}", "--replay_capacity=230"),
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2 and "too small for the rate limiter" in result.stderr
+
+
+def test_a_crashed_learner_ends_the_run_with_a_clear_error(tmp_path):
+  logdir = tmp_path / "run"
+  process = subprocess.Popen(_cmd(f"--logdir={logdir}", "--total_steps=200000",
+                                  "--log_every=500", "--eval_every=0"),
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+  try:
+    assert _wait_for(logdir / "train.csv")
+    nodes = json.loads((logdir / "nodes.json").read_text())
+    os.kill(nodes["learner"]["pid"], signal.SIGKILL)
+    _, stderr = process.communicate(timeout=120)
+  finally:
+    process.kill()
+  assert process.returncode == 3, stderr[-3000:]
+  assert "The learner or replay node crashed" in stderr and "Traceback" not in stderr
+  assert not (logdir / "summary.json").exists()
