@@ -100,6 +100,7 @@ def test_flags_after_the_flagfile_override_it(tmp_path):
     (["--env=gymnasium:CartPol-v1"], "Did you mean one of ['CartPole-v0', 'CartPole-v1'"),
     (["--torso=nature_conv"], "--torso=nature_conv takes image"),
     (["--resume"], "--resume: no checkpoint"),
+    (["--run_mode=anakin", "--env=gymnax:CartPole-v1", "--resume"], "--resume: no checkpoint"),
 ])
 def test_bad_input_exits_nonzero_with_a_clear_error(args, expected, tmp_path):
   result = run_dqn(f"--flagfile={TINY}", f"--logdir={tmp_path / 'run'}", *args, timeout=120)

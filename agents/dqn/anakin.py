@@ -64,8 +64,10 @@ class AnakinPlan:
 def _check_resumable_plan(run_checkpoints, plan: AnakinPlan) -> None:
   """The newest checkpoint's chunking must be this run's (one compiled chunk, same budget)."""
   step = run_checkpoints.checkpointer.latest_step()
-  if step is None:
-    return  # The restore says there is nothing to resume.
+  if step is None:  # Said before compiling, not after.
+    raise checkpointing.CheckpointError(
+        f"--resume: no checkpoint in {run_checkpoints.directory}. Start without --resume, "
+        "or point --checkpoint_dir at the directory of the run to continue.")
   try:
     meta = run_checkpoints.checkpointer.read_meta(step)
   except (OSError, ValueError):
