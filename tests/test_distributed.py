@@ -61,20 +61,24 @@ def _wait_for(path, timeout=240):
   return False
 
 
-def test_killed_actor_restarts_and_the_counts_add_up(tmp_path):
-  logdir = tmp_path / "run"
-  process = subprocess.Popen(_cmd(f"--logdir={logdir}", "--total_steps=6000",
+def _kill_node_mid_run(logdir, total_steps, node, timeout):
+  """Starts a run, SIGKILLs `node(nodes.json)`'s pid once training logs, returns (process, out, err)."""
+  process = subprocess.Popen(_cmd(f"--logdir={logdir}", f"--total_steps={total_steps}",
                                   "--log_every=500", "--eval_every=0"),
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
   try:
-    assert _wait_for(logdir / "nodes.json")
-    nodes = json.loads((logdir / "nodes.json").read_text())
-    assert _wait_for(logdir / "train.csv")  # Training runs: kill actor 0 now.
-    os.kill(nodes["actors"][0]["pid"], signal.SIGKILL)
-    stdout, stderr = process.communicate(timeout=300)
+    assert _wait_for(logdir / "nodes.json") and _wait_for(logdir / "train.csv")
+    os.kill(node(json.loads((logdir / "nodes.json").read_text()))["pid"], signal.SIGKILL)
+    stdout, stderr = process.communicate(timeout=timeout)
   finally:
     process.kill()
+  return process, stdout, stderr
+
+
+def test_killed_actor_restarts_and_the_counts_add_up(tmp_path):
+  logdir = tmp_path / "run"
+  process, stdout, stderr = _kill_node_mid_run(logdir, 6000, lambda n: n["actors"][0], 300)
   assert process.returncode == 0, (stdout[-2000:], stderr[-3000:])
   summary = json.loads((logdir / "summary.json").read_text())
   assert summary["actor_restarts"][0] >= 1 and summary["actor_restarts_total"] >= 1
@@ -128,17 +132,7 @@ def test_replay_too_small_through_the_cli(tmp_path):
 
 def test_a_crashed_learner_ends_the_run_with_a_clear_error(tmp_path):
   logdir = tmp_path / "run"
-  process = subprocess.Popen(_cmd(f"--logdir={logdir}", "--total_steps=200000",
-                                  "--log_every=500", "--eval_every=0"),
-                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
-  try:
-    assert _wait_for(logdir / "train.csv")
-    nodes = json.loads((logdir / "nodes.json").read_text())
-    os.kill(nodes["learner"]["pid"], signal.SIGKILL)
-    _, stderr = process.communicate(timeout=120)
-  finally:
-    process.kill()
+  process, _, stderr = _kill_node_mid_run(logdir, 200000, lambda n: n["learner"], 120)
   assert process.returncode == 3, stderr[-3000:]
   assert "The learner or replay node crashed" in stderr and "Traceback" not in stderr
   assert not (logdir / "summary.json").exists()
