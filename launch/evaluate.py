@@ -7,7 +7,6 @@ with the mean and std of the return. Checkpoints of anakin runs hold one
 set of parameters per seed: `--seed_index` picks one.
 """
 
-import dataclasses
 import json
 import sys
 

@@ -29,7 +29,6 @@ The driver (`run_distributed_experiment`) starts a local Ray (or joins
 other modes.
 """
 
-import dataclasses
 import os
 import socket
 import time
@@ -52,6 +51,7 @@ from acme_jax_dqn.types import Transition
 from agents.dqn import checkpoints
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import ConfigError, DQNConfig
+from agents.dqn.experiment import base_summary, checkpoint_summary, evaluate
 
 class NodeCrashed(checkpoints.RunError):
   """The learner or the replay node died: the run cannot go on."""
@@ -423,7 +423,6 @@ class EvaluatorNode:
                                      jax.random.PRNGKey(seed + 1), evaluation=True)
 
   def evaluate(self, episodes: int) -> List[float]:
-    from agents.dqn.experiment import evaluate  # pylint: disable=import-outside-toplevel
     return evaluate(self._environment, self._actor, episodes)
 
 
@@ -464,7 +463,6 @@ def _start_ray(address: str):
 
 def run_distributed_experiment(experiment, config: DQNConfig) -> Dict[str, Any]:
   """Runs the distributed program and writes train.csv, eval.csv and summary.json."""
-  from agents.dqn.experiment import base_summary, checkpoint_summary  # pylint: disable=import-outside-toplevel
   start = time.perf_counter()
   num_actors, insert_batch = experiment.num_actors, experiment.actor_insert_batch
   check_distributed(config, num_actors, insert_batch)
@@ -477,15 +475,13 @@ def run_distributed_experiment(experiment, config: DQNConfig) -> Dict[str, Any]:
   address = experiment.ray_address or os.environ.get("RAY_ADDRESS", "")
   ray, started = _start_ray(address)
   try:
-    return _run(ray, experiment, config, spec, start, num_actors, insert_batch,
-                base_summary, checkpoint_summary)
+    return _run(ray, experiment, config, spec, start, num_actors, insert_batch)
   finally:
     if started:
       ray.shutdown()
 
 
-def _run(ray, experiment, config, spec, start, num_actors, insert_batch, base_summary,
-         checkpoint_summary):
+def _run(ray, experiment, config, spec, start, num_actors, insert_batch):
   seed, env_name = experiment.seed, experiment.env
   variables = ray.remote(num_cpus=0)(VariableServer).remote()
   replay = ray.remote(num_cpus=0, max_restarts=0)(ReplayNode).remote(
