@@ -23,10 +23,14 @@ setuptools.setup(
         "gymnax>=1.0.1",  # Step returns termination and truncation apart (0.0.x returned one done).
         "matplotlib>=3.7",
         "orbax-checkpoint>=0.11",
+        "tensorboardX>=2.6",
+        "tqdm>=4.60",
         "numpy>=1.24",
     ],
     extras_require={
         "distributed": ["ray>=2.9"],
-        "test": ["pytest>=8", "pytest-xdist>=3", "ray>=2.9"],
+        "wandb": ["wandb>=0.16"],
+        "test": ["pytest>=8", "pytest-xdist>=3", "ray>=2.9",
+                 "tensorboard>=2.14"],  # Its event reader checks what tensorboardX wrote.
     },
 )

@@ -1,10 +1,19 @@
-"""Loggers: terminal lines and CSV files with one row per write, plus the run summary."""
+"""Loggers: terminal lines, CSV files, TensorBoard and W&B, a progress bar, and the run summary.
+
+A run writes two streams of rows, `train` and `eval`, each keyed by
+`env_steps`; `RunLoggers` sends them to the loggers chosen with
+`--loggers` (terminal, csv, tensorboard, wandb) and keeps a progress bar.
+"""
 
 import csv
 import json
+import math
 import os
 import sys
-from typing import Any, Dict, Mapping, Optional, TextIO
+import time
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, TextIO
+
+LOGGERS = ("terminal", "csv", "tensorboard", "wandb")
 
 
 def _format(value: Any) -> str:
@@ -16,14 +25,19 @@ def _format(value: Any) -> str:
 class TerminalLogger:
   """Prints `label: key = value | ...` lines (Acme's TerminalLogger, plain text)."""
 
-  def __init__(self, label: str = "", stream: Optional[TextIO] = None):
+  def __init__(self, label: str = "", stream: Optional[TextIO] = None,
+               printer: Optional[Callable[[str], None]] = None):
     self._label = label
     self._stream = stream or sys.stdout
+    self._printer = printer  # E.g. tqdm.write, so lines do not break a progress bar.
 
   def write(self, values: Mapping[str, Any]) -> None:
     body = " | ".join(f"{k} = {_format(v)}" for k, v in values.items())
     prefix = f"[{self._label}] " if self._label else ""
-    print(prefix + body, file=self._stream, flush=True)
+    if self._printer is not None:
+      self._printer(prefix + body)
+    else:
+      print(prefix + body, file=self._stream, flush=True)
 
   def close(self) -> None:
     pass
@@ -101,6 +115,146 @@ class Dispatcher:
   def close(self) -> None:
     for logger in self._loggers:
       logger.close()
+
+
+def _scalars(values: Mapping[str, Any]) -> Dict[str, float]:
+  """The numeric entries of a row (bools and strings are left out)."""
+  return {k: float(v) for k, v in values.items()
+          if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+class TensorBoardLogger:
+  """Scalars `<label>/<key>` at step `env_steps` in TensorBoard event files (tensorboardX).
+
+  The event files go into the run's logdir, so `tensorboard --logdir=runs/`
+  shows every run. A resumed run passes `purge_step`: TensorBoard then
+  hides what the interrupted run logged after its checkpoint, as
+  `CSVLogger(keep_rows_up_to=...)` drops those CSV rows.
+  """
+
+  def __init__(self, logdir: str, purge_step: Optional[int] = None):
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+    # Event file names hold the time in whole seconds; the suffix keeps a
+    # resumed run that starts within the same second from overwriting them.
+    self._writer = SummaryWriter(logdir=logdir, purge_step=purge_step,
+                                 filename_suffix=f".{os.getpid()}.{time.time_ns()}")
+
+  def write(self, label: str, values: Mapping[str, Any]) -> None:
+    step = int(values["env_steps"])
+    for key, value in _scalars(values).items():
+      if key != "env_steps":
+        self._writer.add_scalar(f"{label}/{key}", value, global_step=step)
+    self._writer.flush()
+
+  def close(self) -> None:
+    self._writer.close()
+
+
+class WandbLogger:
+  """Rows to Weights & Biases, with `env_steps` as the x axis; offline mode needs no network."""
+
+  def __init__(self, logdir: str, project: str, mode: str, name: str,
+               config: Mapping[str, Any], wandb_module=None):
+    if wandb_module is None:
+      try:
+        import wandb as wandb_module  # pylint: disable=import-outside-toplevel
+      except ImportError:
+        raise ValueError(
+            "--loggers=...,wandb needs the wandb package, which is an extra: "
+            "pip install 'acme-jax-dqn[wandb]' (or pip install wandb), or drop wandb "
+            "from --loggers.") from None
+    self._run = wandb_module.init(project=project, mode=mode, dir=logdir, name=name,
+                                  config=dict(config))
+    self._run.define_metric("*", step_metric="env_steps")
+
+  def write(self, label: str, values: Mapping[str, Any]) -> None:
+    scalars = _scalars(values)
+    step = scalars.pop("env_steps")
+    self._run.log({"env_steps": step, **{f"{label}/{k}": v for k, v in scalars.items()}})
+
+  def close(self) -> None:
+    self._run.finish()
+
+
+def check_logger_names(names: Sequence[str]) -> None:
+  unknown = [n for n in names if n not in LOGGERS]
+  if unknown or not names:
+    raise ValueError(f"--loggers={','.join(names)}: each must be one of {', '.join(LOGGERS)} "
+                     "(e.g. --loggers=terminal,csv,tensorboard).")
+
+
+class RunLoggers:
+  """The `train` and `eval` rows of a run, sent to the chosen loggers, and a progress bar.
+
+  Files: `<logdir>/train.csv`, `<logdir>/eval.csv`, TensorBoard event files
+  in `<logdir>`, W&B files under `<logdir>/wandb`. The progress bar (tqdm,
+  on stderr) shows env steps, steps/s and the time left; it is drawn only
+  on a terminal, and never with `quiet`.
+  """
+
+  def __init__(self, logdir: str, names: Sequence[str], total_steps: int, *,
+               quiet: bool = False, resumed_from: Optional[int] = None,
+               wandb_project: str = "acme-jax-dqn", wandb_mode: str = "offline",
+               run_name: str = "", config: Optional[Mapping[str, Any]] = None,
+               wandb_module=None):
+    check_logger_names(names)
+    os.makedirs(logdir, exist_ok=True)
+    self._bar = None
+    if not quiet:
+      from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+      bar = tqdm(total=total_steps, initial=resumed_from or 0, unit="step", unit_scale=True,
+                 dynamic_ncols=True, disable=None, file=sys.stderr, smoothing=0.1)
+      self._bar = None if bar.disable else bar
+    printer = None
+    if self._bar is not None:
+      printer = lambda line: self._bar.write(line, file=sys.stdout)  # pylint: disable=unnecessary-lambda-assignment
+    self._terminal = {}
+    if "terminal" in names and not quiet:
+      self._terminal = {label: TerminalLogger(label, printer=printer)
+                        for label in ("train", "eval")}
+    self._csv = {}
+    if "csv" in names:
+      self._csv = {label: CSVLogger(os.path.join(logdir, f"{label}.csv"),
+                                    keep_rows_up_to=resumed_from)
+                   for label in ("train", "eval")}
+    self._streams = []  # Loggers with write(label, row).
+    if "tensorboard" in names:
+      self._streams.append(TensorBoardLogger(logdir, purge_step=resumed_from))
+    if "wandb" in names:
+      self._streams.append(WandbLogger(logdir, wandb_project, wandb_mode,
+                                       run_name or os.path.basename(os.path.abspath(logdir)),
+                                       config or {}, wandb_module=wandb_module))
+
+  def _write(self, label: str, row: Mapping[str, Any]) -> None:
+    if label in self._csv:
+      self._csv[label].write(row)
+    if label in self._terminal:
+      self._terminal[label].write(row)
+    for stream in self._streams:
+      stream.write(label, row)
+
+  def train(self, row: Mapping[str, Any]) -> None:
+    self._write("train", row)
+    self.progress(int(row["env_steps"]), row.get("return_recent"))
+
+  def eval(self, row: Mapping[str, Any]) -> None:
+    self._write("eval", row)
+
+  def progress(self, env_steps: int, return_recent: Optional[float] = None) -> None:
+    if self._bar is None:
+      return
+    self._bar.update(max(0, env_steps - self._bar.n))
+    if return_recent is not None and math.isfinite(return_recent):
+      self._bar.set_postfix(return_recent=f"{return_recent:.1f}", refresh=False)
+
+  def close(self) -> None:
+    """Closes files; safe to call twice."""
+    for logger in (*self._csv.values(), *self._streams):
+      logger.close()
+    self._csv, self._streams = {}, []
+    if self._bar is not None:
+      self._bar.close()
+      self._bar = None
 
 
 def write_json_atomic(path: str, data: Dict[str, Any]) -> None:

@@ -78,6 +78,13 @@ def define_flags() -> None:
                       "actor nodes require (places them on the nodes that offer it).")
   flags.DEFINE_integer("actor_insert_batch", experiment_defaults.actor_insert_batch,
                        "Distributed mode: transitions an actor sends to replay per call.")
+  flags.DEFINE_list("loggers", list(experiment_defaults.loggers),
+                    "Where train and eval rows go: terminal, csv (train.csv, eval.csv), "
+                    "tensorboard (event files in --logdir), wandb (extra install).")
+  flags.DEFINE_string("wandb_project", experiment_defaults.wandb_project,
+                      "W&B project for --loggers=...,wandb.")
+  flags.DEFINE_string("wandb_mode", experiment_defaults.wandb_mode,
+                      "W&B mode: offline (no network; `wandb sync` later), online or disabled.")
   for field in dataclasses.fields(DQNConfig):
     _define_field_flag(field, docs.get(field.name, field.name))
 
@@ -155,4 +162,6 @@ def _experiment_from_flags() -> ExperimentConfig:
                           num_actors=FLAGS.num_actors, ray_address=FLAGS.ray_address,
                           max_learner_steps=FLAGS.max_learner_steps,
                           actor_resource=FLAGS.actor_resource,
-                          actor_insert_batch=FLAGS.actor_insert_batch)
+                          actor_insert_batch=FLAGS.actor_insert_batch,
+                          loggers=tuple(FLAGS.loggers), wandb_project=FLAGS.wandb_project,
+                          wandb_mode=FLAGS.wandb_mode)

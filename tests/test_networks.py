@@ -70,3 +70,23 @@ def test_image_observations_with_mlp_torso_are_rejected_with_the_fix():
 def test_continuous_actions_are_rejected_with_the_fix():
   with pytest.raises(ValueError, match="not discrete"):
     networks.make_networks(_spec(continuous=True))
+
+
+@pytest.mark.parametrize("channels", [4, 7])
+def test_patch_conv_is_haikus_valid_conv_in_params_outputs_and_gradients(channels):
+  """MinAtar's torso computes its conv as patches @ w; lax.conv (hk.Conv2D) is the reference."""
+  x = jax.random.normal(jax.random.PRNGKey(1), (5, 10, 10, channels))
+  ours = hk.without_apply_rng(hk.transform(lambda x: networks.PatchConv2D(16, 3)(x)))
+  ref = hk.without_apply_rng(hk.transform(
+      lambda x: hk.Conv2D(16, kernel_shape=3, stride=1, padding="VALID")(x)))
+  params = ours.init(jax.random.PRNGKey(0), x)
+  ref_params = ref.init(jax.random.PRNGKey(0), x)
+  # Same names, shapes and initial values: checkpoints of either load in the other.
+  assert jax.tree.map(jnp.shape, params) == jax.tree.map(jnp.shape, ref_params)
+  np.testing.assert_allclose(params["conv2_d"]["w"], ref_params["conv2_d"]["w"])
+  params = jax.tree.map(lambda p: p + jax.random.normal(jax.random.PRNGKey(2), p.shape), params)
+  np.testing.assert_allclose(ours.apply(params, x), ref.apply(params, x), rtol=1e-5, atol=1e-5)
+  loss = lambda f: lambda p: jnp.sum(jnp.sin(f.apply(p, x)))
+  grads, ref_grads = jax.grad(loss(ours))(params), jax.grad(loss(ref))(params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4),
+               grads, ref_grads)

@@ -26,7 +26,8 @@ from acme_jax_dqn import loggers
 from agents.dqn import checkpoints
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import ConfigError, DQNConfig
-from agents.dqn.experiment import ExperimentConfig, checkpoint_summary, base_summary
+from agents.dqn.experiment import (ExperimentConfig, base_summary, checkpoint_summary,
+                                   make_run_loggers)
 
 
 class AnakinPlan:
@@ -148,12 +149,7 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
   compile_s = time.perf_counter() - start
   first_step = resumed_from or 0
 
-  os.makedirs(experiment.logdir, exist_ok=True)
-  train_csv = loggers.CSVLogger(os.path.join(experiment.logdir, "train.csv"),
-                                keep_rows_up_to=resumed_from)
-  eval_csv = loggers.CSVLogger(os.path.join(experiment.logdir, "eval.csv"),
-                               keep_rows_up_to=resumed_from)
-  terminal = None if experiment.quiet else loggers.TerminalLogger("train")
+  run_log = make_run_loggers(experiment, config, resumed_from)
   eval_s = 0.0
   train_start = time.perf_counter()
 
@@ -172,9 +168,7 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
            "eval_episodes": int(returns.shape[1]),
            "eval_return_min_seed": float(per_seed.min()),
            **{f"eval_return_seed{s}": float(r) for s, r in zip(seeds, per_seed)}}
-    eval_csv.write(row)
-    if terminal:
-      loggers.TerminalLogger("eval").write(row)
+    run_log.eval(row)
     eval_rows.append({**row, "eval_return_per_seed": per_seed.tolist()})
 
   def nonfinite_check(nonfinite, first_nonfinite, env_steps):
@@ -217,9 +211,7 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
                   "return_recent": float(np.nanmean(returns)) if np.any(episodes) else math.nan,
                   **{name: _mean(value) for name, value in metrics.items()},
                   "nonfinite_updates": int(np.sum(nonfinite))}
-      train_csv.write(last_row)
-      if terminal:
-        terminal.write(last_row)
+      run_log.train(last_row)
       nonfinite_check(nonfinite, first_nonfinite, env_steps)
       if next_eval is not None and env_steps >= next_eval:
         run_eval(env_steps, learner_steps, len(eval_rows))
@@ -233,8 +225,7 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
     if not eval_rows or eval_rows[-1]["env_steps"] != plan.env_steps:
       run_eval(plan.env_steps, learner_steps, len(eval_rows))
     wall_s = time.perf_counter() - start
-    train_csv.close()
-    eval_csv.close()
+    run_log.close()
     try:  # The final checkpoint (see run_local_experiment).
       save(plan.env_steps, plan.num_chunks)
     except (OSError, ValueError) as error:

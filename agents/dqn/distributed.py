@@ -51,7 +51,8 @@ from acme_jax_dqn.types import Transition
 from agents.dqn import checkpoints
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import ConfigError, DQNConfig
-from agents.dqn.experiment import base_summary, checkpoint_summary, evaluate
+from agents.dqn.experiment import (base_summary, checkpoint_summary, evaluate,
+                                   make_run_loggers)
 
 class NodeCrashed(checkpoints.RunError):
   """The learner or the replay node died: the run cannot go on."""
@@ -505,9 +506,7 @@ def _run(ray, experiment, config, spec, start, num_actors, insert_batch):
       "actors": actor_info, "learner": {"pid": ray.get(learner.pid.remote())},
       "replay": {"pid": ray.get(replay.pid.remote())},
       "ray_address": ray.get_runtime_context().gcs_address})
-  train_csv = loggers.CSVLogger(os.path.join(experiment.logdir, "train.csv"))
-  eval_csv = loggers.CSVLogger(os.path.join(experiment.logdir, "eval.csv"))
-  terminal = None if experiment.quiet else loggers.TerminalLogger("train")
+  run_log = make_run_loggers(experiment, config)
   actor_chunk = max(50, insert_batch)
   pending = {a.run.remote(actor_chunk): i for i, a in enumerate(actor_handles)}
   learner_calls = max(1, 100 // config.num_sgd_steps_per_step)  # Per driver round.
@@ -545,9 +544,7 @@ def _run(ray, experiment, config, spec, start, num_actors, insert_batch):
                "wall_s": time.perf_counter() - start,
                "eval_return_mean": float(np.mean(values)),
                "eval_return_std": float(np.std(values)), "eval_episodes": len(values)}
-        eval_csv.write(row)
-        if terminal:
-          loggers.TerminalLogger("eval").write(row)
+        run_log.eval(row)
         eval_rows.append(row)
         eval_ref = None
       else:
@@ -576,9 +573,9 @@ def _run(ray, experiment, config, spec, start, num_actors, insert_batch):
              "actor_restarts": sum(restarts), "replay_size": stats["size"],
              **learner_result["metrics"],
              "nonfinite_updates": learner_result.get("nonfinite_updates", 0)}
-      train_csv.write(row)
-      if terminal:
-        terminal.write(row)
+      run_log.train(row)
+    else:
+      run_log.progress(env_steps)
     if (next_eval is not None and env_steps >= next_eval and eval_ref is None and not done):
       eval_ref, eval_at = evaluator.evaluate.remote(experiment.eval_episodes), env_steps
       next_eval = (env_steps // experiment.eval_every + 1) * experiment.eval_every
@@ -604,13 +601,10 @@ def _run(ray, experiment, config, spec, start, num_actors, insert_batch):
            "wall_s": time.perf_counter() - start,
            "eval_return_mean": float(np.mean(values)), "eval_return_std": float(np.std(values)),
            "eval_episodes": len(values)}
-  eval_csv.write(final)
-  if terminal:
-    loggers.TerminalLogger("eval").write(final)
+  run_log.eval(final)
   learner_state = ray.get(learner.state.remote())
   wall_s = time.perf_counter() - start
-  train_csv.close()
-  eval_csv.close()
+  run_log.close()
 
   # The final checkpoint (learner state and policy), for launch.evaluate;
   # resuming a distributed run is not built yet.

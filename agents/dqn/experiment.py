@@ -6,7 +6,7 @@ import pickle
 import platform
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import jax
 import numpy as np
@@ -22,6 +22,8 @@ from agents.dqn.config import ConfigError, DQNConfig
 from agents.dqn.local import LocalAgent
 
 RUN_MODES = ("local", "anakin", "distributed")
+WANDB_MODES = ("offline", "online", "disabled")
+PROGRESS_EVERY = 1000  # Env steps between progress-bar updates of the local loop.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +67,11 @@ class ExperimentConfig:
     actor_resource: a Ray custom resource actor nodes require, to place
       them on the cluster nodes that offer it ("" places them anywhere).
     actor_insert_batch: transitions an actor sends to replay per call.
+    loggers: where train and eval rows go: any of "terminal", "csv"
+      (train.csv, eval.csv), "tensorboard" (event files in `logdir`) and
+      "wandb" (an extra install).
+    wandb_project: the W&B project of `--loggers=...,wandb`.
+    wandb_mode: "offline" (files under `logdir`, no network), "online" or "disabled".
   """
   env: str = "gymnasium:CartPole-v1"
   run_mode: str = "local"
@@ -90,8 +97,15 @@ class ExperimentConfig:
   max_learner_steps: int = 0
   actor_resource: str = ""
   actor_insert_batch: int = 64
+  loggers: Tuple[str, ...] = ("terminal", "csv", "tensorboard")
+  wandb_project: str = "acme-jax-dqn"
+  wandb_mode: str = "offline"
 
   def __post_init__(self):
+    object.__setattr__(self, "loggers", tuple(self.loggers))
+    loggers.check_logger_names(self.loggers)
+    if self.wandb_mode not in WANDB_MODES:
+      raise ValueError(f"--wandb_mode={self.wandb_mode!r}: must be one of {WANDB_MODES}.")
     if self.run_mode not in RUN_MODES:
       raise ValueError(f"--run_mode={self.run_mode!r}: must be one of {RUN_MODES}.")
     if self.total_steps < 1:
@@ -118,6 +132,16 @@ class ExperimentConfig:
     if self.actor_insert_batch < 1:
       raise ValueError(f"--actor_insert_batch={self.actor_insert_batch}: must be at least 1.")
     checkpoints.check_experiment(self)
+
+
+def make_run_loggers(experiment: ExperimentConfig, config: DQNConfig,
+                     resumed_from: Optional[int] = None) -> loggers.RunLoggers:
+  """The run's train/eval loggers (--loggers) and progress bar; a resumed run drops later rows."""
+  return loggers.RunLoggers(
+      experiment.logdir, experiment.loggers, experiment.total_steps, quiet=experiment.quiet,
+      resumed_from=resumed_from, wandb_project=experiment.wandb_project,
+      wandb_mode=experiment.wandb_mode,
+      config={**dataclasses.asdict(experiment), **dataclasses.asdict(config)})
 
 
 def evaluate(environment, actor, episodes: int) -> List[float]:
@@ -253,12 +277,7 @@ def run_local_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dic
   else:
     run_checkpoints.check_fresh_start()
 
-  os.makedirs(experiment.logdir, exist_ok=True)
-  train_csv = loggers.CSVLogger(os.path.join(experiment.logdir, "train.csv"),
-                                keep_rows_up_to=resumed_from)
-  eval_csv = loggers.CSVLogger(os.path.join(experiment.logdir, "eval.csv"),
-                               keep_rows_up_to=resumed_from)
-  terminal = loggers.TerminalLogger("train") if not experiment.quiet else None
+  run_log = make_run_loggers(experiment, config, resumed_from)
 
   # Compile everything once on dummy inputs, so compile time is measured apart:
   # `compile_s` is all the time before the first env step (setup and compiles).
@@ -285,9 +304,7 @@ def run_local_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dic
            "eval_return_mean": float(np.mean(returns)),
            "eval_return_std": float(np.std(returns)),
            "eval_episodes": len(returns)}
-    eval_csv.write(row)
-    if terminal:
-      loggers.TerminalLogger("eval").write(row)
+    run_log.eval(row)
     eval_rows.append(row)
 
   def check_finite():
@@ -314,8 +331,9 @@ def run_local_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dic
     while env_steps < experiment.total_steps:
       chunk = min(x for x in (next_log, next_eval, next_save, experiment.total_steps)
                   if x is not None) - env_steps
-      loop.run_steps(max(1, chunk), should_stop=preemption.requested)
+      loop.run_steps(max(1, min(chunk, PROGRESS_EVERY)), should_stop=preemption.requested)
       env_steps = int(loop.counter.get_counts()["steps"])
+      run_log.progress(env_steps)
       if env_steps >= next_log or env_steps >= experiment.total_steps:
         next_log = checkpoints.next_multiple(env_steps, experiment.log_every)
         elapsed = time.perf_counter() - train_start - eval_s
@@ -326,9 +344,7 @@ def run_local_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dic
                "return_recent": _recent_mean(loop.episodes),
                "epsilon": agent.actor.epsilon, **agent.learner.metrics(),
                "nonfinite_updates": int(agent.learner.state.nonfinite_updates)}
-        train_csv.write(row)
-        if terminal:
-          terminal.write(row)
+        run_log.train(row)
         check_finite()
       if next_eval is not None and env_steps >= next_eval:
         run_eval()
@@ -343,8 +359,7 @@ def run_local_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dic
     if not eval_rows or eval_rows[-1]["env_steps"] != env_steps:
       run_eval()
     wall_s = time.perf_counter() - start
-    train_csv.close()
-    eval_csv.close()
+    run_log.close()
     try:  # The final checkpoint: for launch.evaluate, or to train on with a larger budget.
       save()
     except (OSError, ValueError) as error:  # The run is done: keep its summary anyway.
