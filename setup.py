@@ -25,6 +25,7 @@ setuptools.setup(
         "orbax-checkpoint>=0.11",
         "tensorboardX>=2.6",
         "tqdm>=4.60",
+        "flatbuffers>=24.3",  # jax.export's serialisation (launch.export).
         "numpy>=1.24",
     ],
     extras_require={

@@ -42,51 +42,28 @@ def evaluate_checkpoint(checkpoint_dir: str, episodes: int, step=None, epsilon: 
   import jax
   import numpy as np
 
-  from acme_jax_dqn import checkpointing, envs, specs
-  from agents.dqn.builder import DQNBuilder
-  from agents.dqn.config import ConfigError, DQNConfig
+  from agents.dqn.config import ConfigError
   from agents.dqn.experiment import evaluate
+  from agents.dqn.saved_policy import load_policy
 
   if episodes < 1:
     raise ConfigError(f"--episodes={episodes}: must be at least 1.")
   if not 0.0 <= epsilon <= 1.0:
     raise ConfigError(f"--epsilon={epsilon}: must lie in [0, 1].")
-  checkpointer = checkpointing.Checkpointer(checkpoint_dir)
-  params, meta, step = checkpointer.restore_params(step)
-  checkpointer.close()
-  num_seeds = int(meta.get("num_seeds", 1)) if meta.get("run_mode") == "anakin" else 1
-  if meta.get("run_mode") == "anakin":
-    if not 0 <= seed_index < num_seeds:
-      raise ConfigError(f"--seed_index={seed_index}: the checkpoint holds {num_seeds} "
-                        f"seed(s); pick 0..{num_seeds - 1}.")
-    params = jax.tree.map(lambda x: np.asarray(x)[seed_index], params)
-  elif seed_index != 0:
-    raise ConfigError(f"--seed_index={seed_index}: the checkpoint of this {meta.get('run_mode')} "
-                      "run holds one seed's parameters; drop --seed_index.")
-  config = DQNConfig(**{**meta["config"], "eval_epsilon": epsilon})
-  env_name = env_name or meta["experiment"]["env"]
-  try:
-    environment = envs.make_environment(env_name, seed=seed)
-    spec = specs.make_environment_spec(environment)
-    builder = DQNBuilder(config)
-    networks = builder.make_networks(spec, env_name)
-  except ValueError as error:
-    raise ConfigError(str(error)) from error
-  expected = jax.tree.map(np.shape, jax.eval_shape(networks.init, jax.random.PRNGKey(0)))
-  if jax.tree.map(np.shape, params) != expected:
-    raise checkpointing.CheckpointError(
-        f"The parameters in {checkpointer.path(step)} do not fit a network for "
-        f"{env_name} with the checkpoint's config; evaluate in the run's own environment "
-        f"({meta['experiment']['env']}).")
+  policy = load_policy(checkpoint_dir, step, seed_index, env_name, eval_epsilon=epsilon,
+                       env_seed=seed)
+  params, builder, networks = policy["params"], policy["builder"], policy["networks"]
+  step, env_name, num_seeds = policy["step"], policy["env"], policy["num_seeds"]
+  environment = policy["environment"]
   actor = builder.make_actor(networks, _FixedVariables(params), jax.random.PRNGKey(seed),
                              evaluation=True)
   returns = evaluate(environment, actor, episodes)
-  return {"checkpoint": checkpointer.path(step), "step": step, "env": env_name,
+  return {"checkpoint": policy["path"], "step": step, "env": env_name,
           "episodes": episodes, "epsilon": epsilon,
           "eval_return_mean": float(np.mean(returns)),
           "eval_return_std": float(np.std(returns)),
           "returns": [float(r) for r in returns],
-          "run_mode": meta.get("run_mode"), "seed_index": seed_index if num_seeds > 1 else 0}
+          "run_mode": policy["meta"].get("run_mode"), "seed_index": seed_index if num_seeds > 1 else 0}
 
 
 def main(argv):
