@@ -98,21 +98,10 @@ def write_table(results: List[Result], out: str, title: str) -> str:
 
 def plot(results: List[Result], out: str, env: str) -> str:
   """Eval return against env steps: mean over seeds, shaded min..max; one line per agent."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  fig, ax = plt.subplots(figsize=(6, 4))
-  for r in results:
-    curves = np.asarray([c[:len(r.steps)] for c in r.curves])
-    mean = curves.mean(axis=0)
-    ax.plot(r.steps, mean, label=f"{r.agent} ({len(r.seeds)} seeds)")
-    ax.fill_between(r.steps, curves.min(axis=0), curves.max(axis=0), alpha=0.2)
-  ax.set_xlabel("environment steps")
-  ax.set_ylabel("greedy eval return")
-  ax.set_title(env)
-  ax.legend()
-  fig.tight_layout()
+  from launch import curves as curves_lib  # pylint: disable=import-outside-toplevel
+  steps_of = lambda r: np.asarray(r.steps, float)  # pylint: disable=unnecessary-lambda-assignment
+  curves = {env: {r.agent: [(steps_of(r), np.asarray(c[:len(r.steps)], float))
+                            for c in r.curves] for r in results}}
   path = os.path.join(out, "curves.png")
-  fig.savefig(os.path.join(ROOT, path), dpi=100)
-  plt.close(fig)
+  curves_lib.draw(curves, os.path.join(ROOT, path))
   return path
