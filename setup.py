@@ -2,6 +2,10 @@
 
 import setuptools
 
+ATARI = ["ale-py>=0.9", "opencv-python-headless>=4.8"]  # ale-py's wheels ship the ROMs.
+ENVPOOL = ["envpool>=0.8"]
+MINATAR = ["minatar>=1.0.15"]
+
 setuptools.setup(
     name="acme-jax-dqn",
     version="0.1.0",
@@ -31,7 +35,10 @@ setuptools.setup(
     extras_require={
         "distributed": ["ray>=2.9"],
         "wandb": ["wandb>=0.16"],
-        "test": ["pytest>=8", "pytest-xdist>=3", "ray>=2.9",
+        "atari": ATARI,
+        "envpool": ENVPOOL,
+        "minatar": MINATAR,
+        "test": ["pytest>=8", "pytest-xdist>=3", "ray>=2.9", *ATARI, *ENVPOOL, *MINATAR,
                  "tensorboard>=2.14"],  # Its event reader checks what tensorboardX wrote.
     },
 )

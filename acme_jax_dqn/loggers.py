@@ -142,7 +142,7 @@ class TensorBoardLogger:
   def write(self, label: str, values: Mapping[str, Any]) -> None:
     step = int(values["env_steps"])
     for key, value in _scalars(values).items():
-      if key != "env_steps":
+      if key != "env_steps" and math.isfinite(value):  # NaN: no episode ended yet.
         self._writer.add_scalar(f"{label}/{key}", value, global_step=step)
     self._writer.flush()
 

@@ -41,6 +41,13 @@ def _td_metrics(td_error, q_tm1, mask) -> Dict[str, chex.Array]:
   }
 
 
+def _clip_rewards(batch: Transition, reward_clip: float) -> Transition:
+  """Rewards clipped to [-c, c] for the loss (Mnih et al. 2015); c = 0 leaves them."""
+  if reward_clip <= 0:
+    return batch
+  return batch._replace(reward=jnp.clip(batch.reward, -reward_clip, reward_clip))
+
+
 def _defaults(batch: Transition, weights, mask):
   batch_size = batch.action.shape[0]
   if weights is None:
@@ -58,9 +65,12 @@ class QLearningLoss:
     double_q: select the bootstrap action with the online network and
       evaluate it with the target network (Double DQN).
     huber_delta: Huber loss threshold; 0 gives the squared loss 0.5 * td**2.
+    reward_clip: clip the transition's reward to [-c, c] in the loss (0:
+      off); with n-step transitions that is their discounted n-step sum.
   """
   double_q: bool = False
   huber_delta: float = 1.0
+  reward_clip: float = 0.0
 
   def __call__(self, apply_fn: ApplyFn, online_params: Params,
                target_params: Params, batch: Transition,
@@ -69,6 +79,7 @@ class QLearningLoss:
     """Returns (scalar loss, LossExtras) for a batch of transitions."""
     chex.assert_rank(batch.action, 1)
     weights, mask = _defaults(batch, weights, mask)
+    batch = _clip_rewards(batch, self.reward_clip)
     q_tm1 = apply_fn(online_params, batch.observation).q_values  # [B, A]
     q_t_value = apply_fn(target_params, batch.next_observation).q_values  # [B, A]
     if self.double_q:
@@ -99,8 +110,10 @@ class CategoricalLoss:
 
   Attributes:
     double_q: select the bootstrap action by the online network's Q-values.
+    reward_clip: clip the transition's reward to [-c, c] in the loss (0: off).
   """
   double_q: bool = False
+  reward_clip: float = 0.0
 
   def __call__(self, apply_fn: ApplyFn, online_params: Params,
                target_params: Params, batch: Transition,
@@ -109,6 +122,7 @@ class CategoricalLoss:
     """Returns (scalar loss, LossExtras) for a batch of transitions."""
     chex.assert_rank(batch.action, 1)
     weights, mask = _defaults(batch, weights, mask)
+    batch = _clip_rewards(batch, self.reward_clip)
     out_tm1 = apply_fn(online_params, batch.observation)
     out_t = apply_fn(target_params, batch.next_observation)
     if self.double_q:

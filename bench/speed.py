@@ -1,11 +1,13 @@
 """Speed: local mode against CleanRL's figure, anakin mode against PureJaxRL's and the SGD floor.
 
-  python bench/speed.py                 # local mode, 1 and 8 envs
+  python bench/speed.py                 # local mode, 1 and 8 envs, gymnasium and envpool
   python bench/speed.py --mode=anakin   # compiled mode, its floor, the compile cache
   (seeds: bench/seeds_scale.py)
 
 Runs `launch.run_dqn --flagfile=launch/configs/cartpole_local_cleanrl.cfg`
-for each --num_envs value and reads summary.json. The reference is the
+for each --num_envs value and environment (the gymnasium adapter, stepping
+copies in Python, and envpool, stepping them in C++) and reads
+summary.json. The reference is the
 figure for CleanRL's dqn_jax.py on a 2-core machine like this one given in
 issue 2 (about 5,200 env steps/s after compiling; 100,000 steps in ~21 s);
 CleanRL itself is not run here.
@@ -21,6 +23,8 @@ from absl import app
 from absl import flags
 
 flags.DEFINE_list("num_envs", ["1", "8"], "num_envs values to time.")
+flags.DEFINE_list("envs", ["gymnasium:CartPole-v1", "envpool:CartPole-v1"],
+                  "Local mode: environments to time (the first is the baseline).")
 flags.DEFINE_integer("total_steps", 100_000, "Env steps per run.")
 flags.DEFINE_float("cleanrl_sps", 5200.0, "CleanRL dqn_jax env steps/s after compile (reference).")
 flags.DEFINE_string("logdir", "runs/bench_speed", "Where the runs write their logs.")
@@ -94,27 +98,30 @@ def main(argv):
   del argv
   if FLAGS.mode == "anakin":
     return main_anakin()
-  lines = ["| num_envs | env steps | wall s | compile s | sps (all) | sps after compile | "
-           "x CleanRL (5,200) | goal |", "|---|---|---|---|---|---|---|---|"]
+  lines = [f"Command: `python bench/speed.py` ({os.cpu_count()} cores)", "",
+           "| env | num_envs | env steps | wall s | compile s | sps (all) | sps after compile | "
+           f"x CleanRL ({FLAGS.cleanrl_sps:,.0f}) | goal | x {FLAGS.envs[0]} |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+  baseline = {}
   for num_envs in map(int, FLAGS.num_envs):
-    logdir = os.path.join(FLAGS.logdir, f"envs{num_envs}")
-    subprocess.run([sys.executable, "-m", "launch.run_dqn",
-                    "--flagfile=launch/configs/cartpole_local_cleanrl.cfg",
-                    f"--num_envs={num_envs}", f"--total_steps={FLAGS.total_steps}",
-                    f"--logdir={logdir}", "--quiet", "--nosave_checkpoints"], cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL)
-    with open(os.path.join(ROOT, logdir, "summary.json")) as f:
-      s = json.load(f)
-    ratio = s["sps_after_compile"] / FLAGS.cleanrl_sps
-    goal = GOALS.get(num_envs)
-    line = (f"| {num_envs} | {s['env_steps']} | {s['wall_s']:.1f} | {s['compile_s']:.1f} | "
-            f"{s['sps']:.0f} | {s['sps_after_compile']:.0f} | {ratio:.2f} | "
-            f"{'≥ %.1f: %s' % (goal, 'met' if ratio >= goal else 'missed') if goal else '-'} |")
-    print(line, flush=True)
-    lines.append(line)
+    for env in FLAGS.envs:
+      logdir = os.path.join(FLAGS.logdir, f"{env.replace(':', '_')}_envs{num_envs}")
+      s = _run(["--flagfile=launch/configs/cartpole_local_cleanrl.cfg", f"--env={env}",
+                f"--num_envs={num_envs}", f"--total_steps={FLAGS.total_steps}"], logdir)
+      ratio = s["sps_after_compile"] / FLAGS.cleanrl_sps
+      baseline.setdefault(num_envs, s["sps_after_compile"])
+      goal = GOALS.get(num_envs)
+      line = (f"| {env} | {num_envs} | {s['env_steps']} | {s['wall_s']:.1f} | "
+              f"{s['compile_s']:.1f} | {s['sps']:.0f} | {s['sps_after_compile']:.0f} | "
+              f"{ratio:.2f} | "
+              f"{'≥ %.1f: %s' % (goal, 'met' if ratio >= goal else 'missed') if goal else '-'} | "
+              f"{s['sps_after_compile'] / baseline[num_envs]:.2f} |")
+      print(line, flush=True)
+      lines.append(line)
   print(f"compared: local-mode env steps/s after compile with CleanRL dqn_jax's "
-        f"{FLAGS.cleanrl_sps:.0f} (quoted reference, not run here), CartPole-v1, "
-        f"{FLAGS.total_steps} steps, this machine ({os.cpu_count()} cores).")
+        f"{FLAGS.cleanrl_sps:.0f} (quoted reference, not run here), and each env with "
+        f"{FLAGS.envs[0]} at the same num_envs; CartPole-v1, {FLAGS.total_steps} steps, "
+        f"this machine ({os.cpu_count()} cores).")
   with open(os.path.join(ROOT, FLAGS.out), "w") as f:
     f.write("\n".join(lines) + "\n")
 

@@ -133,3 +133,31 @@ def test_categorical_loss_matches_brute_force_projection(double_q, use_jit):
     expected.append(-(projected * log_p).sum())
   np.testing.assert_allclose(extras.priorities, expected, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(loss, np.mean(expected), rtol=1e-4)
+
+
+@pytest.mark.parametrize("distributional", [False, True])
+def test_reward_clip_is_the_loss_of_clipped_rewards(distributional):
+  """reward_clip=1 equals the unclipped loss on rewards clipped by hand; 0 leaves them."""
+  rng = np.random.default_rng(3)
+  batch = _batch(rng)._replace(reward=(5 * rng.normal(size=B)).astype(np.float32))
+  assert np.any(np.abs(batch.reward) > 1)
+  clipped_batch = batch._replace(reward=np.clip(batch.reward, -1.0, 1.0))
+  if distributional:
+    atoms = jnp.linspace(-3.0, 3.0, N)
+
+    def apply(params, observation):
+      logits = (observation @ params["w"]).reshape(-1, A, N)
+      return NetworkOutput(q_values=jnp.sum(jax.nn.softmax(logits) * atoms, -1),
+                           logits=logits, atoms=atoms)
+
+    params = {"w": jnp.asarray(rng.normal(size=(5, A * N)).astype(np.float32))}
+    target = {"w": jnp.asarray(rng.normal(size=(5, A * N)).astype(np.float32))}
+    make = lambda clip: losses.CategoricalLoss(reward_clip=clip)
+  else:
+    apply, params, target = _linear_apply, _params(rng), _params(rng)
+    make = lambda clip: losses.QLearningLoss(reward_clip=clip)
+  clipped, _ = make(1.0)(apply, params, target, batch)
+  by_hand, _ = make(0.0)(apply, params, target, clipped_batch)
+  unclipped, _ = make(0.0)(apply, params, target, batch)
+  np.testing.assert_allclose(clipped, by_hand, rtol=1e-6)
+  assert abs(float(unclipped) - float(clipped)) > 1e-3

@@ -6,15 +6,19 @@ from typing import Optional
 import dm_env
 import gymnasium as gym
 
+from acme_jax_dqn.envs import atari
 from acme_jax_dqn.envs import gymnax_adapter
 from acme_jax_dqn.envs.batched import BatchedEnvironment
 from acme_jax_dqn.envs.gymnasium_adapter import GymnasiumEnvironment
+from acme_jax_dqn.envs.envpool_adapter import EnvpoolEnvironment, UnbatchedEnvironment
 from acme_jax_dqn.envs.gymnax_adapter import GymnaxEnv, GymnaxEnvironment
+from acme_jax_dqn.envs.minatar_adapter import MinAtarEnvironment
 
-KNOWN_PREFIXES = ("gymnasium", "gymnax")
+KNOWN_PREFIXES = ("gymnasium", "gymnax", "atari", "minatar", "envpool")
 JAX_PREFIXES = ("gymnax",)  # Environments written in JAX: these run in anakin mode.
 EXAMPLES = ("gymnasium:CartPole-v1, gymnasium:Acrobot-v1, gymnasium:MountainCar-v0, "
-            "gymnax:CartPole-v1, gymnax:Breakout-MinAtar")
+            "gymnax:CartPole-v1, gymnax:Breakout-MinAtar, atari:Pong, minatar:breakout, "
+            "envpool:CartPole-v1, envpool:Pong-v5")
 ANAKIN_EXAMPLES = ("gymnax:CartPole-v1, gymnax:Acrobot-v1, gymnax:MountainCar-v0, "
                    "gymnax:Breakout-MinAtar, gymnax:Asterix-MinAtar, "
                    "gymnax:Freeway-MinAtar, gymnax:SpaceInvaders-MinAtar")
@@ -60,11 +64,24 @@ def make_environment(name: str, seed: Optional[int] = None,
       stepped together (timesteps with a leading env axis).
   """
   prefix, env_id = split_name(name)
+  if prefix == "envpool":  # Batched in C++: all copies are one environment.
+    batched = EnvpoolEnvironment(env_id, num_envs or 1, seed)
+    return batched if num_envs is not None else UnbatchedEnvironment(batched)
   if prefix == "gymnax":
     gymnax_env = gymnax_adapter.make_gymnax(env_id)
 
     def make_one(index: int) -> dm_env.Environment:
       return GymnaxEnvironment(gymnax_env, None if seed is None else seed + index)
+  elif prefix == "atari":
+    atari.game_id(env_id)  # An unknown game fails here, once.
+
+    def make_one(index: int) -> dm_env.Environment:
+      return GymnasiumEnvironment(atari.make_atari(env_id),
+                                  None if seed is None else seed + index)
+  elif prefix == "minatar":
+
+    def make_one(index: int) -> dm_env.Environment:
+      return MinAtarEnvironment(env_id, None if seed is None else seed + index)
   else:
     env_id = _check_gymnasium_id(env_id)
 

@@ -237,7 +237,7 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
   final = eval_rows[-1]
   summary = base_summary(experiment, config, env_steps=plan.env_steps,
                          learner_steps=learner_steps, wall_s=wall_s, compile_s=compile_s,
-                         eval_s=eval_s, final_eval=final,
+                         eval_s=eval_s, final_eval=final, spec=env.spec,
                          steps_this_start=plan.env_steps - first_step)
   learn_env_steps = plan.env_steps - plan.fill_env_steps - config.min_replay_size
   steps_all_seeds = (plan.env_steps - first_step) * num_seeds

@@ -43,8 +43,9 @@ class DQNBuilder:
   def make_loss(self):
     c = self.config
     if c.distributional:
-      return losses.CategoricalLoss(double_q=c.double_q)
-    return losses.QLearningLoss(double_q=c.double_q, huber_delta=c.huber_delta)
+      return losses.CategoricalLoss(double_q=c.double_q, reward_clip=c.reward_clip)
+    return losses.QLearningLoss(double_q=c.double_q, huber_delta=c.huber_delta,
+                                reward_clip=c.reward_clip)
 
   def make_optimizer(self) -> optax.GradientTransformation:
     c = self.config

@@ -24,6 +24,7 @@ class DQNConfig:
     hidden_sizes: MLP layer sizes (after the convolutions for image torsos).
     torso: "auto" (MLP for vectors, Nature conv for images, MinAtar conv for images under 36x36), "mlp", "nature_conv" or "minatar_conv".
     huber_delta: Huber loss threshold; 0 uses the squared loss 0.5 * td**2.
+    reward_clip: clip rewards to [-c, c] in the loss, as Nature DQN on Atari (0: off; with n-step, the n-step sum).
     learning_rate: Adam step size (initial value when a schedule is set).
     learning_rate_schedule: "constant", "linear" or "cosine" decay over learner steps.
     learning_rate_end: learning rate reached at the end of the decay.
@@ -65,6 +66,7 @@ class DQNConfig:
   hidden_sizes: Tuple[int, ...] = (256, 256)
   torso: str = "auto"
   huber_delta: float = 1.0
+  reward_clip: float = 0.0
   learning_rate: float = 1e-3
   learning_rate_schedule: str = "constant"
   learning_rate_end: float = 0.0
@@ -161,6 +163,9 @@ def _check(c: DQNConfig) -> None:
     _fail("adam_eps", c.adam_eps, "must be positive.")
   if c.max_grad_norm < 0:
     _fail("max_grad_norm", c.max_grad_norm, "must be positive, or 0 to turn clipping off.")
+  if c.reward_clip < 0:
+    _fail("reward_clip", c.reward_clip, "must be positive (1 clips to [-1, 1]), or 0 to "
+          "turn clipping off.")
   if c.huber_delta < 0:
     _fail("huber_delta", c.huber_delta, "must be positive, or 0 for the squared loss.")
   if not c.samples_per_insert > 0:

@@ -617,7 +617,7 @@ def _run(ray, experiment, config, spec, start, num_actors, insert_batch):
   actor_steps = {int(k): int(v) for k, v in stats["actor_steps"].items()}
   summary = base_summary(experiment, config, env_steps=stats["env_steps"],
                          learner_steps=learner_result["learner_steps"], wall_s=wall_s,
-                         compile_s=compile_s, eval_s=eval_s, final_eval=final)
+                         compile_s=compile_s, eval_s=eval_s, final_eval=final, spec=spec)
   summary.update(
       train_episodes=len(returns),
       train_return_recent=float(np.mean(returns[-20:])) if returns else float("nan"),

@@ -15,6 +15,7 @@ from acme_jax_dqn import checkpointing
 from acme_jax_dqn import environment_loop as loop_lib
 from acme_jax_dqn import envs
 from acme_jax_dqn import loggers
+from acme_jax_dqn import networks as networks_lib
 from acme_jax_dqn import specs
 from acme_jax_dqn import utils
 from agents.dqn import checkpoints
@@ -172,7 +173,7 @@ def run_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str,
 
 def base_summary(experiment: ExperimentConfig, config: DQNConfig, *, env_steps: int,
                  learner_steps: int, wall_s: float, compile_s: float, eval_s: float,
-                 final_eval: Dict[str, Any],
+                 final_eval: Dict[str, Any], spec: Optional[specs.EnvironmentSpec] = None,
                  steps_this_start: Optional[int] = None) -> Dict[str, Any]:
   """The summary.json fields every run mode writes (a public contract: add, never rename).
 
@@ -199,7 +200,17 @@ def base_summary(experiment: ExperimentConfig, config: DQNConfig, *, env_steps: 
       "experiment": dataclasses.asdict(experiment),
       "versions": {"jax": jax.__version__, "python": platform.python_version()},
       "backend": jax.default_backend(),
+      **(_network_summary(spec, config) if spec is not None else {}),
   }
+
+
+def _network_summary(spec: specs.EnvironmentSpec, config: DQNConfig) -> Dict[str, Any]:
+  """What the network was built for: observation shape and dtype, actions, the torso chosen."""
+  shape = tuple(spec.observations.shape)
+  return {"observation_shape": list(shape),
+          "observation_dtype": np.dtype(spec.observations.dtype).name,
+          "num_actions": int(spec.actions.num_values),
+          "torso": networks_lib.choose_torso(shape, config.torso)}
 
 
 def saveable_environment(environment) -> bool:
@@ -369,7 +380,7 @@ def run_local_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dic
   summary = base_summary(experiment, config, env_steps=env_steps,
                          learner_steps=agent.learner_steps, wall_s=wall_s,
                          compile_s=compile_s, eval_s=eval_s, final_eval=eval_rows[-1],
-                         steps_this_start=env_steps - first_step)
+                         spec=spec, steps_this_start=env_steps - first_step)
   summary.update(train_episodes=len(loop.episodes),
                  train_return_recent=_recent_mean(loop.episodes),
                  **checkpoint_summary(run_checkpoints, resumed_from),
