@@ -156,13 +156,7 @@ class WandbLogger:
   def __init__(self, logdir: str, project: str, mode: str, name: str,
                config: Mapping[str, Any], wandb_module=None):
     if wandb_module is None:
-      try:
-        import wandb as wandb_module  # pylint: disable=import-outside-toplevel
-      except ImportError:
-        raise ValueError(
-            "--loggers=...,wandb needs the wandb package, which is an extra: "
-            "pip install 'acme-jax-dqn[wandb]' (or pip install wandb), or drop wandb "
-            "from --loggers.") from None
+      wandb_module = import_wandb()
     self._run = wandb_module.init(project=project, mode=mode, dir=logdir, name=name,
                                   config=dict(config))
     self._run.define_metric("*", step_metric="env_steps")
@@ -176,11 +170,26 @@ class WandbLogger:
     self._run.finish()
 
 
-def check_logger_names(names: Sequence[str]) -> None:
+def import_wandb():
+  """The wandb module, or a ValueError naming the extra to install."""
+  try:
+    import wandb  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    raise ValueError(
+        "--loggers=...,wandb needs the wandb package, which is an extra: "
+        "pip install 'acme-jax-dqn[wandb]' (or pip install wandb), or drop wandb "
+        "from --loggers.") from None
+  return wandb
+
+
+def check_logger_names(names: Sequence[str], check_wandb: bool = True) -> None:
+  """Known names, and wandb importable when asked for: before a run starts, not after setup."""
   unknown = [n for n in names if n not in LOGGERS]
   if unknown or not names:
     raise ValueError(f"--loggers={','.join(names)}: each must be one of {', '.join(LOGGERS)} "
                      "(e.g. --loggers=terminal,csv,tensorboard).")
+  if "wandb" in names and check_wandb:
+    import_wandb()
 
 
 class RunLoggers:
@@ -197,7 +206,7 @@ class RunLoggers:
                wandb_project: str = "acme-jax-dqn", wandb_mode: str = "offline",
                run_name: str = "", config: Optional[Mapping[str, Any]] = None,
                wandb_module=None):
-    check_logger_names(names)
+    check_logger_names(names, check_wandb=wandb_module is None)
     os.makedirs(logdir, exist_ok=True)
     self._bar = None
     if not quiet:

@@ -95,8 +95,10 @@ def test_wandb_logs_rows_against_env_steps_in_offline_mode(tmp_path):
   assert wandb.run.finished
 
 
-def test_wandb_without_the_package_names_the_extra(tmp_path, monkeypatch):
+def test_wandb_without_the_package_names_the_extra_before_the_run(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError.
+  with pytest.raises(ValueError, match=r"acme-jax-dqn\[wandb\]"):
+    ExperimentConfig(logdir=str(tmp_path), loggers=("csv", "wandb"))  # At flag time.
   with pytest.raises(ValueError, match=r"acme-jax-dqn\[wandb\]"):
     loggers.RunLoggers(str(tmp_path), ["csv", "wandb"], 1000, quiet=True)
 
