@@ -25,6 +25,9 @@ flags.DEFINE_list("presets", ["cartpole_dqn", "cartpole_double_dueling",
 flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds to run for every preset.")
 flags.DEFINE_integer("total_steps", 0, "Override the presets' budget (0: keep theirs).")
 flags.DEFINE_string("logdir", "runs/bench_learning", "Where the runs write their logs.")
+flags.DEFINE_string("env", "", "Local mode: run the presets on this env instead of theirs "
+                    "(e.g. envpool:CartPole-v1).")
+flags.DEFINE_list("extra_flags", [], "More flags for every run, e.g. --extra_flags=--num_envs=8.")
 flags.DEFINE_string("out", "bench/results/learning.md", "Markdown table to write.")
 flags.DEFINE_float("threshold", 450.0, "Mean eval return a preset must reach.")
 flags.DEFINE_enum("mode", "local", ["local", "anakin"], "Run mode of the presets.")
@@ -40,10 +43,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_one(preset: str, seed: str) -> dict:
-  logdir = os.path.join(FLAGS.logdir, f"{preset}_seed{seed}")
+  tag = f"_{FLAGS.env.replace(':', '_')}" if FLAGS.env else ""
+  logdir = os.path.join(FLAGS.logdir, f"{preset}{tag}_seed{seed}")
   cmd = [sys.executable, "-m", "launch.run_dqn",
          f"--flagfile=launch/configs/{preset}.cfg", f"--seed={seed}",
-         f"--logdir={logdir}", "--quiet", "--nosave_checkpoints"]
+         f"--logdir={logdir}", "--quiet", "--nosave_checkpoints", *FLAGS.extra_flags]
+  if FLAGS.env:
+    cmd.append(f"--env={FLAGS.env}")
   if FLAGS.total_steps:
     cmd.append(f"--total_steps={FLAGS.total_steps}")
   subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
@@ -109,22 +115,23 @@ def main(argv):
   del argv
   if FLAGS.mode == "anakin":
     return main_anakin()
-  lines = ["| preset | seed | env steps | eval return (mean ± std, 10 ep) | wall s | sps |",
-           "|---|---|---|---|---|---|"]
+  lines = [f"Command: `{' '.join(['python bench/learning.py'] + sys.argv[1:])}`", "",
+           "| preset | env | seed | env steps | eval return (mean ± std, 10 ep) | wall s | sps |",
+           "|---|---|---|---|---|---|---|"]
   verdicts = []
   for preset in FLAGS.presets:
     means = []
     for seed in FLAGS.seeds:
       s = run_one(preset, seed)
       means.append(s["eval_return_mean"])
-      line = (f"| {preset} | {seed} | {s['env_steps']} | {s['eval_return_mean']:.1f} ± "
+      line = (f"| {preset} | {s['env']} | {seed} | {s['env_steps']} | {s['eval_return_mean']:.1f} ± "
               f"{s['eval_return_std']:.1f} | {s['wall_s']:.1f} | {s['sps']:.0f} |")
       print(line, flush=True)
       lines.append(line)
     mean = sum(means) / len(means)
     ok = mean >= FLAGS.threshold
     verdicts.append(ok)
-    line = f"| **{preset}** | mean of {len(means)} | | **{mean:.1f}** ({'pass' if ok else 'FAIL'} ≥ {FLAGS.threshold:.0f}) | | |"
+    line = f"| **{preset}** | | mean of {len(means)} | | **{mean:.1f}** ({'pass' if ok else 'FAIL'} ≥ {FLAGS.threshold:.0f}) | | |"
     print(line, flush=True)
     lines.append(line)
   os.makedirs(os.path.dirname(os.path.join(ROOT, FLAGS.out)), exist_ok=True)

@@ -7,12 +7,10 @@ with the mean and std of the return. Checkpoints of anakin runs hold one
 set of parameters per seed: `--seed_index` picks one.
 """
 
-import json
-import sys
-
 from absl import app
 from absl import flags
-from absl import logging
+
+from launch.cli import checkpoint_tool_main
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("checkpoint_dir", None, "A run's checkpoint directory "
@@ -67,23 +65,9 @@ def evaluate_checkpoint(checkpoint_dir: str, episodes: int, step=None, epsilon: 
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments {argv[1:]}: every option is a --flag.")
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
-  if not FLAGS.checkpoint_dir:
-    print("error: --checkpoint_dir is required (a run's <logdir>/checkpoints).", file=sys.stderr)
-    return 2
-  from acme_jax_dqn.checkpointing import CheckpointError
-  from agents.dqn.config import ConfigError
-  try:
-    result = evaluate_checkpoint(FLAGS.checkpoint_dir, FLAGS.episodes, FLAGS.step,
-                                 FLAGS.epsilon, FLAGS.env, FLAGS.seed, FLAGS.seed_index)
-  except (ConfigError, CheckpointError) as error:
-    print(f"error: {error}", file=sys.stderr)
-    return 2
-  print(json.dumps(result))
-  return 0
+  return checkpoint_tool_main(argv, lambda: evaluate_checkpoint(
+      FLAGS.checkpoint_dir, FLAGS.episodes, FLAGS.step, FLAGS.epsilon, FLAGS.env, FLAGS.seed,
+      FLAGS.seed_index))
 
 
 if __name__ == "__main__":

@@ -15,11 +15,11 @@ parameters' checksum. Checkpoints of anakin runs hold one policy per seed:
 """
 
 import json
-import sys
 
 from absl import app
 from absl import flags
-from absl import logging
+
+from launch.cli import checkpoint_tool_main
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("checkpoint_dir", None, "A run's checkpoint directory (<logdir>/checkpoints).")
@@ -75,23 +75,8 @@ def export_policy(checkpoint_dir: str, out: str, step=None, seed_index: int = 0,
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments {argv[1:]}: every option is a --flag.")
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
-  if not FLAGS.checkpoint_dir:
-    print("error: --checkpoint_dir is required (a run's <logdir>/checkpoints).", file=sys.stderr)
-    return 2
-  from acme_jax_dqn.checkpointing import CheckpointError
-  from agents.dqn.config import ConfigError
-  try:
-    record = export_policy(FLAGS.checkpoint_dir, FLAGS.out, FLAGS.step, FLAGS.seed_index,
-                           FLAGS.platforms)
-  except (ConfigError, CheckpointError) as error:
-    print(f"error: {error}", file=sys.stderr)
-    return 2
-  print(json.dumps(record))
-  return 0
+  return checkpoint_tool_main(argv, lambda: export_policy(
+      FLAGS.checkpoint_dir, FLAGS.out, FLAGS.step, FLAGS.seed_index, FLAGS.platforms))
 
 
 if __name__ == "__main__":

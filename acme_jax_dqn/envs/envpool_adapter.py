@@ -9,6 +9,7 @@ either. Atari tasks get the settings of `atari:` games (sticky actions
 no-ops, 108,000 frames), moved to channels-last.
 """
 
+import warnings
 from typing import Optional
 
 import dm_env
@@ -22,7 +23,9 @@ _FIRST, _MID, _LAST = (np.int8(t) for t in dm_env.StepType)
 
 def _envpool():
   try:
-    import envpool  # pylint: disable=import-outside-toplevel
+    with warnings.catch_warnings():  # envpool's spaces cast float64 bounds: gymnasium warns.
+      warnings.simplefilter("ignore", UserWarning)
+      import envpool  # pylint: disable=import-outside-toplevel
   except ImportError:
     raise ValueError("envpool: environments need the envpool package: "
                      "pip install 'acme-jax-dqn[envpool]'.") from None
@@ -53,8 +56,10 @@ class EnvpoolEnvironment(dm_env.Environment):
                     repeat_action_probability=atari.STICKY_ACTIONS,
                     max_episode_steps=atari.MAX_FRAMES // atari.FRAME_SKIP)
     self.num_envs = num_envs
-    self._env = envpool.make(task_id, env_type="gymnasium", num_envs=num_envs,
-                             seed=0 if seed is None else seed, **kwargs)
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore", UserWarning)
+      self._env = envpool.make(task_id, env_type="gymnasium", num_envs=num_envs,
+                               seed=0 if seed is None else seed, **kwargs)
     self._action_spec = space_to_spec(self._env.action_space, "action")
     spec = space_to_spec(self._env.observation_space, "observation")
     if self._channels_last:
