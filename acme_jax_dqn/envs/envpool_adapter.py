@@ -23,7 +23,7 @@ _FIRST, _MID, _LAST = (np.int8(t) for t in dm_env.StepType)
 
 def _envpool():
   try:
-    with warnings.catch_warnings():  # envpool's spaces cast float64 bounds: gymnasium warns.
+    with warnings.catch_warnings():
       warnings.simplefilter("ignore", UserWarning)
       import envpool  # pylint: disable=import-outside-toplevel
   except ImportError:
@@ -56,12 +56,12 @@ class EnvpoolEnvironment(dm_env.Environment):
                     repeat_action_probability=atari.STICKY_ACTIONS,
                     max_episode_steps=atari.MAX_FRAMES // atari.FRAME_SKIP)
     self.num_envs = num_envs
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # envpool's spaces cast float64 bounds: gymnasium warns.
       warnings.simplefilter("ignore", UserWarning)
       self._env = envpool.make(task_id, env_type="gymnasium", num_envs=num_envs,
                                seed=0 if seed is None else seed, **kwargs)
-    self._action_spec = space_to_spec(self._env.action_space, "action")
-    spec = space_to_spec(self._env.observation_space, "observation")
+      self._action_spec = space_to_spec(self._env.action_space, "action")
+      spec = space_to_spec(self._env.observation_space, "observation")
     if self._channels_last:
       shape = spec.shape[1:] + spec.shape[:1]
       spec = spec.replace(shape=shape, minimum=np.zeros(shape, spec.dtype),
