@@ -93,6 +93,7 @@ def test_killed_actor_restarts_and_the_counts_add_up(tmp_path):
 
 
 def test_actors_run_on_the_second_node_of_a_cluster(tmp_path):
+  """Actor nodes placed by a custom resource on the second node, each stepping 4 envpool copies."""
   from ray.cluster_utils import Cluster  # pylint: disable=import-outside-toplevel
   os.environ.setdefault("RAY_AUTH_MODE", "disabled")
   cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
@@ -103,11 +104,12 @@ def test_actors_run_on_the_second_node_of_a_cluster(tmp_path):
     result = subprocess.run(
         _cmd(f"--logdir={logdir}", "--total_steps=2000", "--log_every=1000",
              "--eval_every=0", f"--ray_address={cluster.address}",
-             "--actor_resource=actor_host"),
+             "--actor_resource=actor_host", "--env=envpool:CartPole-v1", "--num_envs=4"),
         cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((logdir / "summary.json").read_text())
     assert summary["actor_node_ids"] == [worker.node_id] * 2
+    assert summary["env"] == "envpool:CartPole-v1" and summary["config"]["num_envs"] == 4
     assert summary["env_steps"] == sum(summary["actor_steps"]) >= 2000
     assert summary["ray_address"] == cluster.address
   finally:
