@@ -127,17 +127,20 @@ class TensorBoardLogger:
   """Scalars `<label>/<key>` at step `env_steps` in TensorBoard event files (tensorboardX).
 
   The event files go into the run's logdir, so `tensorboard --logdir=runs/`
-  shows every run. A resumed run passes `purge_step`: TensorBoard then
-  hides what the interrupted run logged after its checkpoint, as
-  `CSVLogger(keep_rows_up_to=...)` drops those CSV rows.
+  shows every run. TensorBoard hides earlier events at steps from
+  `purge_step` on: a resumed run passes its checkpoint's step + 1 (what the
+  interrupted run logged after its checkpoint goes, as
+  `CSVLogger(keep_rows_up_to=...)` drops those CSV rows), a new run 0 (an
+  earlier run's events in the same logdir go, as its CSV files are rewritten).
   """
 
-  def __init__(self, logdir: str, purge_step: Optional[int] = None):
+  def __init__(self, logdir: str, purge_step: Optional[int] = 0):
     from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
-    # Event file names hold the time in whole seconds; the suffix keeps a
-    # resumed run that starts within the same second from overwriting them.
+    # Event file names hold the time in whole seconds; the suffix (nanoseconds
+    # first, so files sort in time) keeps a resumed run that starts within
+    # the same second from overwriting them or sorting before them.
     self._writer = SummaryWriter(logdir=logdir, purge_step=purge_step,
-                                 filename_suffix=f".{os.getpid()}.{time.time_ns()}")
+                                 filename_suffix=f".{time.time_ns()}.{os.getpid()}")
 
   def write(self, label: str, values: Mapping[str, Any]) -> None:
     step = int(values["env_steps"])
@@ -157,8 +160,13 @@ class WandbLogger:
                config: Mapping[str, Any], wandb_module=None):
     if wandb_module is None:
       wandb_module = import_wandb()
-    self._run = wandb_module.init(project=project, mode=mode, dir=logdir, name=name,
-                                  config=dict(config))
+    try:
+      self._run = wandb_module.init(project=project, mode=mode, dir=logdir, name=name,
+                                    config=dict(config))
+    except Exception as error:  # pylint: disable=broad-except  # wandb's own error types.
+      raise ValueError(f"W&B could not start a run in --wandb_mode={mode} ({type(error).__name__}: "
+                       f"{str(error).splitlines()[0] if str(error) else ''}). Online mode needs "
+                       "`wandb login` and a network; --wandb_mode=offline needs neither.") from None
     self._run.define_metric("*", step_metric="env_steps")
 
   def write(self, label: str, values: Mapping[str, Any]) -> None:
@@ -227,12 +235,17 @@ class RunLoggers:
                                     keep_rows_up_to=resumed_from)
                    for label in ("train", "eval")}
     self._streams = []  # Loggers with write(label, row).
-    if "tensorboard" in names:
-      self._streams.append(TensorBoardLogger(logdir, purge_step=resumed_from))
-    if "wandb" in names:
-      self._streams.append(WandbLogger(logdir, wandb_project, wandb_mode,
-                                       run_name or os.path.basename(os.path.abspath(logdir)),
-                                       config or {}, wandb_module=wandb_module))
+    try:
+      if "tensorboard" in names:
+        purge = 0 if resumed_from is None else resumed_from + 1
+        self._streams.append(TensorBoardLogger(logdir, purge_step=purge))
+      if "wandb" in names:
+        self._streams.append(WandbLogger(logdir, wandb_project, wandb_mode,
+                                         run_name or os.path.basename(os.path.abspath(logdir)),
+                                         config or {}, wandb_module=wandb_module))
+    except BaseException:
+      self.close()  # What was opened before the failure.
+      raise
 
   def _write(self, label: str, row: Mapping[str, Any]) -> None:
     if label in self._csv:
@@ -255,6 +268,12 @@ class RunLoggers:
     self._bar.update(max(0, env_steps - self._bar.n))
     if return_recent is not None and math.isfinite(return_recent):
       self._bar.set_postfix(return_recent=f"{return_recent:.1f}", refresh=False)
+
+  def __enter__(self) -> "RunLoggers":
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.close()
 
   def close(self) -> None:
     """Closes files; safe to call twice."""

@@ -15,6 +15,7 @@ parameters' checksum. Checkpoints of anakin runs hold one policy per seed:
 """
 
 import json
+import os
 
 from absl import app
 from absl import flags
@@ -26,6 +27,7 @@ flags.DEFINE_string("checkpoint_dir", None, "A run's checkpoint directory (<logd
 flags.DEFINE_string("out", "policy.bin", "Where to write the serialised policy.")
 flags.DEFINE_integer("step", None, "Checkpoint (env step) to export; default the newest.")
 flags.DEFINE_integer("seed_index", 0, "Which seed's parameters, for anakin runs of several seeds.")
+PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 flags.DEFINE_list("platforms", ["cpu"], "Platforms to lower for (cpu, cuda, rocm, tpu); "
                   "the file runs on any of them.")
 
@@ -41,7 +43,12 @@ def export_policy(checkpoint_dir: str, out: str, step=None, seed_index: int = 0,
   from agents.dqn.config import ConfigError
   from agents.dqn.saved_policy import load_policy
 
+  unknown = [p for p in platforms if p not in PLATFORMS]
+  if unknown or not platforms:
+    raise ConfigError(f"--platforms={','.join(platforms)}: each must be one of "
+                      f"{', '.join(PLATFORMS)} (e.g. --platforms=cpu,cuda).")
   policy = load_policy(checkpoint_dir, step, seed_index)
+  policy["environment"].close()  # Only its spec was needed.
   params = jax.tree.map(jnp.asarray, policy["params"])
   apply = policy["networks"].apply
   obs_spec = policy["spec"].observations
@@ -54,10 +61,11 @@ def export_policy(checkpoint_dir: str, out: str, step=None, seed_index: int = 0,
   arg = jax.ShapeDtypeStruct((batch, *obs_spec.shape), obs_spec.dtype)
   try:
     exported = jax.export.export(jax.jit(greedy), platforms=tuple(platforms))(arg)
-  except (ValueError, NotImplementedError) as error:
+  except (ValueError, NotImplementedError, RuntimeError) as error:
     raise ConfigError(f"--platforms={','.join(platforms)}: cannot lower for them ({error}); "
                       "use platforms from cpu, cuda, rocm, tpu.") from None
   blob = exported.serialize()  # Before opening `out`: a failure leaves no empty file.
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   with open(out, "wb") as f:
     f.write(blob)
   record = {"policy": out, "checkpoint": policy["path"], "step": policy["step"],

@@ -34,8 +34,13 @@ def main(argv):
   if not os.path.isdir(FLAGS.logdir):
     print(f"error: --logdir={FLAGS.logdir} is not a folder.", file=sys.stderr)
     return 2
+  runs = find_runs(FLAGS.logdir, FLAGS.label, FLAGS.envs)
+  if FLAGS.envs and not runs:
+    print(f"error: no run under {FLAGS.logdir} is on --envs={','.join(FLAGS.envs)}.",
+          file=sys.stderr)
+    return 2
   try:
-    drawn = draw(find_runs(FLAGS.logdir, FLAGS.label, FLAGS.envs), FLAGS.out, FLAGS.title)
+    drawn = draw(runs, FLAGS.out, FLAGS.title)
   except ValueError as error:
     print(f"error: {error} (searched {FLAGS.logdir})", file=sys.stderr)
     return 2

@@ -85,5 +85,21 @@ def test_exported_batch_size_is_symbolic(tmp_path):
     actions, q_values = policy.call(np.zeros((batch, 4), np.float32))
     assert actions.shape == (batch,) and actions.dtype == np.int32
     assert q_values.shape == (batch, 2)
-  with pytest.raises(Exception):
+  with pytest.raises(ValueError):
     policy.call(np.zeros((3, 5), np.float32))  # Wrong observation shape.
+
+
+def test_export_names_unknown_platforms_and_makes_the_output_folder(tmp_path):
+  config = DQNConfig(hidden_sizes=(8,), batch_size=8, min_replay_size=50, replay_capacity=200,
+                     samples_per_insert=4.0)
+  logdir = tmp_path / "run"
+  run_experiment(ExperimentConfig(total_steps=100, logdir=str(logdir), eval_episodes=1,
+                                  quiet=True, loggers=("csv",)), config)
+  result = subprocess.run([sys.executable, "-m", "launch.export",
+                           f"--checkpoint_dir={logdir / 'checkpoints'}", "--platforms=gpu",
+                           f"--out={tmp_path / 'p.bin'}"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  assert "--platforms=gpu: each must be one of cpu, cuda, rocm, tpu" in result.stderr
+  export_policy(str(logdir / "checkpoints"), str(tmp_path / "new" / "dir" / "p.bin"))
+  assert (tmp_path / "new" / "dir" / "p.bin").stat().st_size > 1000

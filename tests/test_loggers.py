@@ -40,16 +40,27 @@ def test_a_run_writes_tensorboard_scalars_that_match_its_csv_rows(tmp_path):
   assert len(returns) == 2  # At 300 and at the end.
 
 
-def test_tensorboard_purge_step_hides_what_came_after_the_checkpoint(tmp_path):
-  first = loggers.TensorBoardLogger(str(tmp_path))
-  for step in (100, 200, 300):
-    first.write("train", {"env_steps": step, "loss": 1.0})
-  first.close()
-  resumed = loggers.TensorBoardLogger(str(tmp_path), purge_step=200)  # Resumed at 200.
-  for step in (300, 400):
-    resumed.write("train", {"env_steps": step, "loss": 2.0})
-  resumed.close()
-  assert _scalars(tmp_path, "train/loss") == [(100, 1.0), (300, 2.0), (400, 2.0)]
+def test_tensorboard_and_csv_agree_after_a_resume_and_after_a_fresh_rerun(tmp_path):
+  """Resumed at 200: rows up to 200 stay, later ones go; a new run in the same logdir starts clean."""
+
+  def log(resumed_from, rows):
+    run_log = loggers.RunLoggers(str(tmp_path), ["csv", "tensorboard"], 1000, quiet=True,
+                                 resumed_from=resumed_from)
+    for step, loss in rows:
+      run_log.train({"env_steps": step, "loss": loss})
+    run_log.close()
+
+  def csv_rows():
+    with open(tmp_path / "train.csv") as f:
+      return [(int(r["env_steps"]), float(r["loss"])) for r in csv.DictReader(f)]
+
+  log(None, [(100, 1.0), (200, 1.0), (300, 1.0)])  # Interrupted after its checkpoint at 200.
+  log(200, [(300, 2.0), (400, 2.0)])
+  expected = [(100, 1.0), (200, 1.0), (300, 2.0), (400, 2.0)]
+  assert csv_rows() == expected
+  assert _scalars(tmp_path, "train/loss") == expected
+  log(None, [(100, 3.0)])  # A new run into the same logdir.
+  assert csv_rows() == _scalars(tmp_path, "train/loss") == [(100, 3.0)]
 
 
 class _FakeWandbRun:

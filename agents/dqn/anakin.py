@@ -232,6 +232,7 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
       print(f"warning: the final checkpoint could not be saved ({error}).", file=sys.stderr)
   finally:
     preemption.__exit__(None, None, None)
+    run_log.close()  # Also on an error or a stop: no bar left drawn, no file left open.
   run_checkpoints.close()
   nonfinite_updates = int(np.sum(jax.device_get(state.learner.nonfinite_updates)))
   final = eval_rows[-1]

@@ -24,7 +24,8 @@ _SAME_CONFIG_FIELDS = ("num_envs", "n_step")
 # Experiment fields that never matter for the resumed computation.
 _RUN_ONLY_FIELDS = ("logdir", "quiet", "resume", "checkpoint_dir", "checkpoint_every",
                     "keep_checkpoints", "compilation_cache_dir", "one_cpu_core",
-                    "save_checkpoints", "skip_nonfinite_updates", "log_every")
+                    "save_checkpoints", "skip_nonfinite_updates", "log_every",
+                    "loggers", "wandb_project", "wandb_mode")
 SIGKILL_AT_STEP_VAR = "ACME_JAX_DQN_SIGKILL_AT_STEP"
 
 
@@ -115,8 +116,11 @@ class RunCheckpoints:
     return self.checkpointer.directory
 
   def _flag_differences(self, meta: Dict[str, Any], fields=None) -> list:
-    saved_experiment = meta.get("experiment", {})
+    # A field that an older checkpoint lacks had its default value then.
     current_experiment = dataclasses.asdict(self._experiment)
+    defaults = dataclasses.asdict(type(self._experiment)())
+    saved_experiment = {**defaults, **meta.get("experiment", {})}
+    saved_config = {**dataclasses.asdict(type(self._config)()), **meta.get("config", {})}
     if fields is not None:
       saved_experiment = {k: saved_experiment.get(k) for k in fields}
       current_experiment = {k: current_experiment.get(k) for k in fields}
@@ -125,8 +129,7 @@ class RunCheckpoints:
         saved_experiment.pop(name, None)
         current_experiment.pop(name, None)
     return (checkpointing.differing_fields(saved_experiment, current_experiment)
-            + checkpointing.differing_fields(meta.get("config", {}),
-                                             dataclasses.asdict(self._config)))
+            + checkpointing.differing_fields(saved_config, dataclasses.asdict(self._config)))
 
   def restore(self, target) -> Tuple[Any, Dict[str, Any], Any]:
     """Restores the newest readable checkpoint into `target`'s structure.

@@ -470,6 +470,7 @@ def run_distributed_experiment(experiment, config: DQNConfig) -> Dict[str, Any]:
   try:
     probe = envs.make_environment(experiment.env, seed=experiment.seed)
     spec = specs.make_environment_spec(probe)
+    probe.close()  # Only its spec was needed (an envpool probe holds C++ threads).
     DQNBuilder(config).make_networks(spec, experiment.env)  # Bad env/network: error here.
   except ValueError as error:
     raise ConfigError(str(error)) from error
@@ -507,104 +508,106 @@ def _run(ray, experiment, config, spec, start, num_actors, insert_batch):
       "replay": {"pid": ray.get(replay.pid.remote())},
       "ray_address": ray.get_runtime_context().gcs_address})
   run_log = make_run_loggers(experiment, config)
-  actor_chunk = max(50, insert_batch)
-  pending = {a.run.remote(actor_chunk): i for i, a in enumerate(actor_handles)}
-  learner_calls = max(1, 100 // config.num_sgd_steps_per_step)  # Per driver round.
-  learner_ref = learner.run.remote(learner_calls)
-  learner_result: Dict[str, Any] = {"learner_steps": 0, "metrics": {}}
-  restarts = [0] * num_actors
-  returns: List[float] = []
-  eval_rows: List[Dict[str, Any]] = []
-  eval_ref, eval_at = None, None
-  next_log = experiment.log_every
-  next_eval = experiment.eval_every or None
-  stats = ray.get(replay.stats.remote())
-  train_start = time.perf_counter()
-  max_learner = experiment.max_learner_steps or None
+  try:
+    actor_chunk = max(50, insert_batch)
+    pending = {a.run.remote(actor_chunk): i for i, a in enumerate(actor_handles)}
+    learner_calls = max(1, 100 // config.num_sgd_steps_per_step)  # Per driver round.
+    learner_ref = learner.run.remote(learner_calls)
+    learner_result: Dict[str, Any] = {"learner_steps": 0, "metrics": {}}
+    restarts = [0] * num_actors
+    returns: List[float] = []
+    eval_rows: List[Dict[str, Any]] = []
+    eval_ref, eval_at = None, None
+    next_log = experiment.log_every
+    next_eval = experiment.eval_every or None
+    stats = ray.get(replay.stats.remote())
+    train_start = time.perf_counter()
+    max_learner = experiment.max_learner_steps or None
 
-  def learner_failed(error):
-    raise NodeCrashed(f"The learner or replay node crashed ({type(error).__name__}: "
-                       f"{str(error).splitlines()[0][:300]}); the distributed run "
-                       "cannot go on without them. See the Ray logs under "
-                       "/tmp/ray/session_latest/logs.") from None
+    def learner_failed(error):
+      raise NodeCrashed(f"The learner or replay node crashed ({type(error).__name__}: "
+                         f"{str(error).splitlines()[0][:300]}); the distributed run "
+                         "cannot go on without them. See the Ray logs under "
+                         "/tmp/ray/session_latest/logs.") from None
 
-  while True:
-    refs = list(pending) + [learner_ref] + ([eval_ref] if eval_ref is not None else [])
-    ready, _ = ray.wait(refs, num_returns=1, timeout=1.0)
-    for ref in ready:
-      if ref is learner_ref:
-        try:
-          learner_result = ray.get(ref)
-        except ray.exceptions.RayError as error:
-          learner_failed(error)
-        learner_ref = learner.run.remote(learner_calls)
-      elif ref is eval_ref:
-        values = ray.get(ref)
-        row = {"env_steps": eval_at, "learner_steps": learner_result["learner_steps"],
-               "wall_s": time.perf_counter() - start,
-               "eval_return_mean": float(np.mean(values)),
-               "eval_return_std": float(np.std(values)), "eval_episodes": len(values)}
-        run_log.eval(row)
-        eval_rows.append(row)
-        eval_ref = None
+    while True:
+      refs = list(pending) + [learner_ref] + ([eval_ref] if eval_ref is not None else [])
+      ready, _ = ray.wait(refs, num_returns=1, timeout=1.0)
+      for ref in ready:
+        if ref is learner_ref:
+          try:
+            learner_result = ray.get(ref)
+          except ray.exceptions.RayError as error:
+            learner_failed(error)
+          learner_ref = learner.run.remote(learner_calls)
+        elif ref is eval_ref:
+          values = ray.get(ref)
+          row = {"env_steps": eval_at, "learner_steps": learner_result["learner_steps"],
+                 "wall_s": time.perf_counter() - start,
+                 "eval_return_mean": float(np.mean(values)),
+                 "eval_return_std": float(np.std(values)), "eval_episodes": len(values)}
+          run_log.eval(row)
+          eval_rows.append(row)
+          eval_ref = None
+        else:
+          i = pending.pop(ref)
+          try:
+            result = ray.get(ref)
+            returns.extend(result["episode_returns"])
+          except ray.exceptions.RayActorError:
+            restarts[i] += 1  # Ray restarts it; its unsent transitions were never counted.
+          pending[actor_handles[i].run.remote(actor_chunk)] = i
+      try:
+        stats = ray.get(replay.stats.remote())
+      except ray.exceptions.RayError as error:
+        learner_failed(error)
+      env_steps = stats["env_steps"]
+      done = (env_steps >= experiment.total_steps
+              or (max_learner is not None and learner_result["learner_steps"] >= max_learner))
+      if env_steps >= next_log or done:
+        next_log = (env_steps // experiment.log_every + 1) * experiment.log_every
+        elapsed = time.perf_counter() - train_start
+        row = {"env_steps": env_steps, "learner_steps": learner_result["learner_steps"],
+               "wall_s": time.perf_counter() - start, "sps": env_steps / max(elapsed, 1e-9),
+               "episodes": len(returns),
+               "return_recent": float(np.mean(returns[-20:])) if returns else float("nan"),
+               "learner_steps_per_s": learner_result.get("steps_per_s", 0.0),
+               "actor_restarts": sum(restarts), "replay_size": stats["size"],
+               **learner_result["metrics"],
+               "nonfinite_updates": learner_result.get("nonfinite_updates", 0)}
+        run_log.train(row)
       else:
-        i = pending.pop(ref)
-        try:
-          result = ray.get(ref)
-          returns.extend(result["episode_returns"])
-        except ray.exceptions.RayActorError:
-          restarts[i] += 1  # Ray restarts it; its unsent transitions were never counted.
-        pending[actor_handles[i].run.remote(actor_chunk)] = i
+        run_log.progress(env_steps)
+      if (next_eval is not None and env_steps >= next_eval and eval_ref is None and not done):
+        eval_ref, eval_at = evaluator.evaluate.remote(experiment.eval_episodes), env_steps
+        next_eval = (env_steps // experiment.eval_every + 1) * experiment.eval_every
+      if done:
+        break
+
+    ray.get(replay.close.remote())
+    train_s = time.perf_counter() - train_start
+    for handle in actor_handles:
+      ray.kill(handle, no_restart=True)
     try:
-      stats = ray.get(replay.stats.remote())
+      final_learner = ray.get(learner_ref)
+      learner_result = final_learner
     except ray.exceptions.RayError as error:
       learner_failed(error)
-    env_steps = stats["env_steps"]
-    done = (env_steps >= experiment.total_steps
-            or (max_learner is not None and learner_result["learner_steps"] >= max_learner))
-    if env_steps >= next_log or done:
-      next_log = (env_steps // experiment.log_every + 1) * experiment.log_every
-      elapsed = time.perf_counter() - train_start
-      row = {"env_steps": env_steps, "learner_steps": learner_result["learner_steps"],
-             "wall_s": time.perf_counter() - start, "sps": env_steps / max(elapsed, 1e-9),
-             "episodes": len(returns),
-             "return_recent": float(np.mean(returns[-20:])) if returns else float("nan"),
-             "learner_steps_per_s": learner_result.get("steps_per_s", 0.0),
-             "actor_restarts": sum(restarts), "replay_size": stats["size"],
-             **learner_result["metrics"],
-             "nonfinite_updates": learner_result.get("nonfinite_updates", 0)}
-      run_log.train(row)
-    else:
-      run_log.progress(env_steps)
-    if (next_eval is not None and env_steps >= next_eval and eval_ref is None and not done):
-      eval_ref, eval_at = evaluator.evaluate.remote(experiment.eval_episodes), env_steps
-      next_eval = (env_steps // experiment.eval_every + 1) * experiment.eval_every
-    if done:
-      break
-
-  ray.get(replay.close.remote())
-  train_s = time.perf_counter() - train_start
-  for handle in actor_handles:
-    ray.kill(handle, no_restart=True)
-  try:
-    final_learner = ray.get(learner_ref)
-    learner_result = final_learner
-  except ray.exceptions.RayError as error:
-    learner_failed(error)
-  stats = ray.get(replay.stats.remote())
-  if eval_ref is not None:
-    ray.get(eval_ref)
-  eval_start = time.perf_counter()
-  values = ray.get(evaluator.evaluate.remote(experiment.eval_episodes))
-  eval_s = time.perf_counter() - eval_start
-  final = {"env_steps": stats["env_steps"], "learner_steps": learner_result["learner_steps"],
-           "wall_s": time.perf_counter() - start,
-           "eval_return_mean": float(np.mean(values)), "eval_return_std": float(np.std(values)),
-           "eval_episodes": len(values)}
-  run_log.eval(final)
-  learner_state = ray.get(learner.state.remote())
-  wall_s = time.perf_counter() - start
-  run_log.close()
+    stats = ray.get(replay.stats.remote())
+    if eval_ref is not None:
+      ray.get(eval_ref)
+    eval_start = time.perf_counter()
+    values = ray.get(evaluator.evaluate.remote(experiment.eval_episodes))
+    eval_s = time.perf_counter() - eval_start
+    final = {"env_steps": stats["env_steps"], "learner_steps": learner_result["learner_steps"],
+             "wall_s": time.perf_counter() - start,
+             "eval_return_mean": float(np.mean(values)), "eval_return_std": float(np.std(values)),
+             "eval_episodes": len(values)}
+    run_log.eval(final)
+    learner_state = ray.get(learner.state.remote())
+    wall_s = time.perf_counter() - start
+  finally:
+    run_log.close()  # Also when a node crashes: no bar left drawn, no file left open.
 
   # The final checkpoint (learner state and policy), for launch.evaluate;
   # resuming a distributed run is not built yet.

@@ -137,12 +137,19 @@ class ExperimentConfig:
 
 def make_run_loggers(experiment: ExperimentConfig, config: DQNConfig,
                      resumed_from: Optional[int] = None) -> loggers.RunLoggers:
-  """The run's train/eval loggers (--loggers) and progress bar; a resumed run drops later rows."""
-  return loggers.RunLoggers(
-      experiment.logdir, experiment.loggers, experiment.total_steps, quiet=experiment.quiet,
-      resumed_from=resumed_from, wandb_project=experiment.wandb_project,
-      wandb_mode=experiment.wandb_mode,
-      config={**dataclasses.asdict(experiment), **dataclasses.asdict(config)})
+  """The run's train/eval loggers (--loggers) and progress bar; a resumed run drops later rows.
+
+  The caller closes it in a `finally`, so an error or a stop leaves no
+  progress bar drawn and no event file or W&B run open.
+  """
+  try:
+    return loggers.RunLoggers(
+        experiment.logdir, experiment.loggers, experiment.total_steps, quiet=experiment.quiet,
+        resumed_from=resumed_from, wandb_project=experiment.wandb_project,
+        wandb_mode=experiment.wandb_mode,
+        config={**dataclasses.asdict(experiment), **dataclasses.asdict(config)})
+  except ValueError as error:
+    raise ConfigError(str(error)) from None
 
 
 def evaluate(environment, actor, episodes: int) -> List[float]:
@@ -288,7 +295,6 @@ def run_local_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dic
   else:
     run_checkpoints.check_fresh_start()
 
-  run_log = make_run_loggers(experiment, config, resumed_from)
 
   # Compile everything once on dummy inputs, so compile time is measured apart:
   # `compile_s` is all the time before the first env step (setup and compiles).
@@ -338,7 +344,9 @@ def run_local_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dic
 
   # Signals are held from here to the final checkpoint: SIGTERM or Ctrl-C
   # saves and stops at the next step boundary (or lets the run finish).
-  with checkpoints.Preemption() as preemption:
+  # The loggers close with this block, also on an error or a stop.
+  with checkpoints.Preemption() as preemption, \
+      make_run_loggers(experiment, config, resumed_from) as run_log:
     while env_steps < experiment.total_steps:
       chunk = min(x for x in (next_log, next_eval, next_save, experiment.total_steps)
                   if x is not None) - env_steps
