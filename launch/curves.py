@@ -73,6 +73,7 @@ def draw(curves: Curves, out: str, title: str = "") -> Dict[str, Dict[str, int]]
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  from matplotlib import ticker  # pylint: disable=import-outside-toplevel
   if not curves:
     raise ValueError("No runs to plot: no folder holds both summary.json and eval.csv.")
   envs = sorted(curves)
@@ -95,6 +96,7 @@ def draw(curves: Curves, out: str, title: str = "") -> Dict[str, Dict[str, int]]
         ax.errorbar(steps, mean, yerr=[mean - values.min(axis=0), values.max(axis=0) - mean],
                     color=line.get_color(), capsize=4)
       drawn[env][label] = n
+    ax.xaxis.set_major_formatter(ticker.EngFormatter(sep=""))  # 100k, 1M: labels that fit.
     ax.set_title(env)
     ax.set_xlabel("environment steps")
     ax.set_ylabel("greedy eval return")
