@@ -72,21 +72,25 @@ def test_continuous_actions_are_rejected_with_the_fix():
     networks.make_networks(_spec(continuous=True))
 
 
-@pytest.mark.parametrize("channels", [4, 7])
-def test_patch_conv_is_haikus_valid_conv_in_params_outputs_and_gradients(channels):
-  """MinAtar's torso computes its conv as patches @ w; lax.conv (hk.Conv2D) is the reference."""
-  x = jax.random.normal(jax.random.PRNGKey(1), (5, 10, 10, channels))
-  ours = hk.without_apply_rng(hk.transform(lambda x: networks.PatchConv2D(16, 3)(x)))
+@pytest.mark.parametrize("shape,kernel,stride", [((10, 10, 4), 3, 1), ((10, 10, 7), 3, 1),
+                                                 ((84, 84, 4), 8, 4), ((20, 20, 32), 4, 2)])
+@pytest.mark.parametrize("use_patches", [True, False])
+def test_patch_conv_is_haikus_valid_conv_in_params_outputs_and_gradients(
+    shape, kernel, stride, use_patches):
+  """PatchConv2D (patches @ w on the CPU, lax.conv elsewhere) against hk.Conv2D, the reference."""
+  x = jax.random.normal(jax.random.PRNGKey(1), (2, *shape))
+  ours = hk.without_apply_rng(hk.transform(
+      lambda x: networks.PatchConv2D(16, kernel, stride, use_patches=use_patches)(x)))
   ref = hk.without_apply_rng(hk.transform(
-      lambda x: hk.Conv2D(16, kernel_shape=3, stride=1, padding="VALID")(x)))
+      lambda x: hk.Conv2D(16, kernel_shape=kernel, stride=stride, padding="VALID")(x)))
   params = ours.init(jax.random.PRNGKey(0), x)
   ref_params = ref.init(jax.random.PRNGKey(0), x)
   # Same names, shapes and initial values: checkpoints of either load in the other.
   assert jax.tree.map(jnp.shape, params) == jax.tree.map(jnp.shape, ref_params)
   np.testing.assert_allclose(params["conv2_d"]["w"], ref_params["conv2_d"]["w"])
   params = jax.tree.map(lambda p: p + jax.random.normal(jax.random.PRNGKey(2), p.shape), params)
-  np.testing.assert_allclose(ours.apply(params, x), ref.apply(params, x), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(ours.apply(params, x), ref.apply(params, x), rtol=1e-4, atol=1e-4)
   loss = lambda f: lambda p: jnp.sum(jnp.sin(f.apply(p, x)))
   grads, ref_grads = jax.grad(loss(ours))(params), jax.grad(loss(ref))(params)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4),
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3),
                grads, ref_grads)
