@@ -128,6 +128,7 @@ OUT_OF_RANGE = {
     "discount": (1.5, "--discount"), "n_step": (0, "--n_step"),
     "num_atoms": (1, "--num_atoms"), "v_min": (20.0, "--v_min"), "v_max": (-20.0, "--v_min"),
     "huber_delta": (-1.0, "--huber_delta"), "learning_rate": (0.0, "--learning_rate"),
+    "reward_clip": (-1.0, "--reward_clip"),
     "learning_rate_end": (-1.0, "--learning_rate_end"),
     "learning_rate_decay_steps": (-1, "--learning_rate_decay_steps"),
     "adam_eps": (0.0, "--adam_eps"), "max_grad_norm": (-1.0, "--max_grad_norm"),

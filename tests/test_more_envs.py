@@ -5,16 +5,15 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import dm_env
 import gymnasium as gym
 import numpy as np
 import pytest
-from absl import flags
 
 from acme_jax_dqn import checkpointing, envs
 from acme_jax_dqn.envs import atari
-from launch import flags as launch_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIRST, MID, LAST = (int(t) for t in dm_env.StepType)
@@ -153,17 +152,33 @@ def test_unknown_names_get_suggestions():
     envs.make_environment("envpool:CartPol-v1", num_envs=2)
 
 
-@pytest.mark.parametrize("preset", sorted(
-    os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "launch", "configs", "*.cfg"))))
-def test_every_preset_parses_into_valid_configs(preset, monkeypatch):
-  monkeypatch.chdir(ROOT)  # Presets name the flagfiles they extend from the repository root.
-  launch_flags.define_flags()
-  flag_values = flags.FLAGS
-  try:
-    flag_values(["run_dqn", f"--flagfile={os.path.join(ROOT, 'launch', 'configs', preset)}"])
-    config = launch_flags.config_from_flags()
-    experiment = launch_flags.experiment_from_flags()
-  finally:
-    flag_values.unparse_flags()
-  assert experiment.total_steps >= 50_000 and config.batch_size >= 1
-  envs.split_name(experiment.env)  # A known prefix.
+# Runs in its own interpreter: launch.flags defines process-wide absl flags
+# that other tools (launch.export, launch.evaluate) define too.
+PARSE_PRESETS = textwrap.dedent("""
+    import glob, json, os, sys
+    from absl import flags
+    from launch import flags as launch_flags
+    launch_flags.define_flags()
+    out = {}
+    for path in sorted(glob.glob(os.path.join("launch", "configs", "*.cfg"))):
+      flags.FLAGS(["run_dqn", "--flagfile=" + path])
+      config, experiment = launch_flags.config_from_flags(), launch_flags.experiment_from_flags()
+      out[os.path.basename(path)] = [experiment.env, experiment.total_steps, config.batch_size]
+      flags.FLAGS.unparse_flags()
+    print(json.dumps(out))
+""")
+
+
+def test_every_preset_parses_into_valid_configs():
+  result = subprocess.run([sys.executable, "-c", PARSE_PRESETS], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+  assert result.returncode == 0, result.stderr[-3000:]
+  parsed = json.loads(result.stdout.strip().splitlines()[-1])
+  presets = sorted(os.path.basename(p) for p in glob.glob(
+      os.path.join(ROOT, "launch", "configs", "*.cfg")))
+  assert sorted(parsed) == presets and len(presets) >= 10
+  for env, total_steps, batch_size in parsed.values():
+    envs.split_name(env)  # A known prefix.
+    assert total_steps >= 50_000 and batch_size >= 1
+  assert parsed["atari_rainbow.cfg"][0] == "atari:Pong"
+  assert parsed["minatar_dqn.cfg"][0] == "gymnax:Breakout-MinAtar"
