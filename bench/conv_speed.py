@@ -6,7 +6,10 @@ For the Nature DQN torso (84x84x4 uint8 frames) and the MinAtar torso
 (10x10x4), times the gradient of a batch of 32 through the kit's network
 both ways: as one jitted call, and per step inside a `lax.scan` (how
 anakin mode and learner calls of several SGD steps run it); and a forward
-pass of one observation (acting). Prints milliseconds and the ratio.
+pass of one observation (acting). Then, end to end, the MinAtar preset
+in anakin mode (launch/configs/minatar_dqn.cfg, --end_to_end_steps env
+steps, no compile cache) with each. Prints milliseconds, steps/s and the
+ratios.
 """
 
 import time
@@ -21,6 +24,7 @@ import numpy as np
 from acme_jax_dqn import networks, specs
 
 flags.DEFINE_integer("repeats", 10, "Timed calls (and scan length) per case.")
+flags.DEFINE_integer("end_to_end_steps", 60_000, "Env steps of each end-to-end run (0: skip).")
 FLAGS = flags.FLAGS
 
 CASES = (("nature", (84, 84, 4), np.uint8, (512,)), ("minatar", (10, 10, 4), np.float32, (128,)))
@@ -71,6 +75,33 @@ def _measure(shape, dtype, hidden, use_patches) -> dict:
           "act_ms": _timed(act, params, batch[:1])}
 
 
+def _end_to_end(use_patches: bool) -> float:
+  """sps_after_compile of the MinAtar preset in anakin mode with the chosen conv, in a fresh process."""
+  import json, os, subprocess, sys, textwrap  # pylint: disable=import-outside-toplevel,multiple-imports
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  script = textwrap.dedent(f"""
+      import json
+      from absl import flags
+      from acme_jax_dqn import networks
+      original = networks.PatchConv2D.__init__
+      networks.PatchConv2D.__init__ = lambda self, *a, **k: original(
+          self, *a, **{{**k, "use_patches": {use_patches}}})
+      from launch import flags as launch_flags
+      launch_flags.define_flags()
+      flags.FLAGS(["run", "--flagfile=launch/configs/minatar_dqn.cfg",
+                   "--total_steps={FLAGS.end_to_end_steps}", "--log_every={FLAGS.end_to_end_steps}",
+                   "--nosave_checkpoints", "--quiet", "--loggers=csv",
+                   "--logdir=runs/bench_conv/{'patches' if use_patches else 'conv'}",
+                   "--compilation_cache_dir="])
+      from agents.dqn.experiment import run_experiment
+      summary = run_experiment(launch_flags.experiment_from_flags(), launch_flags.config_from_flags())
+      print(json.dumps(summary["sps_after_compile"]))
+  """)
+  out = subprocess.run([sys.executable, "-c", script], cwd=root, check=True,
+                       capture_output=True, text=True)
+  return float(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
 def main(argv):
   del argv
   print(f"backend {jax.default_backend()}, jax {jax.__version__}; ms per call, batch 32 "
@@ -85,6 +116,10 @@ def main(argv):
                       ("act_ms", "forward, one observation")):
       print(f"| {name} | {what} | {conv[key]:.2f} | {patches[key]:.2f} | "
             f"{conv[key] / patches[key]:.2f} |", flush=True)
+  if FLAGS.end_to_end_steps:
+    sps = {patches: _end_to_end(patches) for patches in (False, True)}
+    print(f"| minatar | anakin run, env steps/s after compile | {sps[False]:.0f} | "
+          f"{sps[True]:.0f} | {sps[False] / sps[True]:.2f} |", flush=True)
   print("compared: the kit's Q-network with its convolutions as lax.conv and as patches @ w "
         "(networks.PatchConv2D), same parameters, on this machine's CPU.")
 
