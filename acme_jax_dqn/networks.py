@@ -70,7 +70,7 @@ class PatchConv2D(hk.Module):
   checkpoints of either load in the other. On the CPU it gathers the k*k
   strided slices of the input and multiplies them by `w`; elsewhere (GPU,
   TPU) it calls `lax.conv_general_dilated`. The MinAtar torso uses it: in
-  the compiled anakin program on MinAtar Breakout the run is 1.4x faster
+  the compiled anakin program on MinAtar Breakout the run is 1.5x faster
   than with `lax.conv` on this CPU (`python bench/conv_speed.py`, end to
   end), though a gradient timed alone is not faster (same bench), so the
   gain comes from how XLA compiles the whole program; the Nature torso

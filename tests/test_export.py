@@ -73,13 +73,19 @@ def test_export_of_a_folder_without_checkpoints_is_a_clear_error(tmp_path):
   assert not (tmp_path / "p.bin").exists()
 
 
-def test_exported_batch_size_is_symbolic(tmp_path):
+@pytest.fixture(scope="module")
+def small_checkpoints(tmp_path_factory):
+  """The checkpoint directory of one small run, shared by the tests below."""
+  logdir = tmp_path_factory.mktemp("small") / "run"
   config = DQNConfig(hidden_sizes=(8,), batch_size=8, min_replay_size=50, replay_capacity=200,
                      samples_per_insert=4.0)
-  logdir = tmp_path / "run"
   run_experiment(ExperimentConfig(total_steps=100, logdir=str(logdir), eval_episodes=1,
                                   quiet=True, loggers=("csv",)), config)
-  export_policy(str(logdir / "checkpoints"), str(tmp_path / "p.bin"))
+  return logdir / "checkpoints"
+
+
+def test_exported_batch_size_is_symbolic(tmp_path, small_checkpoints):
+  export_policy(str(small_checkpoints), str(tmp_path / "p.bin"))
   policy = jax.export.deserialize((tmp_path / "p.bin").read_bytes())
   for batch in (1, 7, 256):
     actions, q_values = policy.call(np.zeros((batch, 4), np.float32))
@@ -89,17 +95,12 @@ def test_exported_batch_size_is_symbolic(tmp_path):
     policy.call(np.zeros((3, 5), np.float32))  # Wrong observation shape.
 
 
-def test_export_names_unknown_platforms_and_makes_the_output_folder(tmp_path):
-  config = DQNConfig(hidden_sizes=(8,), batch_size=8, min_replay_size=50, replay_capacity=200,
-                     samples_per_insert=4.0)
-  logdir = tmp_path / "run"
-  run_experiment(ExperimentConfig(total_steps=100, logdir=str(logdir), eval_episodes=1,
-                                  quiet=True, loggers=("csv",)), config)
+def test_export_names_unknown_platforms_and_makes_the_output_folder(tmp_path, small_checkpoints):
   result = subprocess.run([sys.executable, "-m", "launch.export",
-                           f"--checkpoint_dir={logdir / 'checkpoints'}", "--platforms=gpu",
+                           f"--checkpoint_dir={small_checkpoints}", "--platforms=gpu",
                            f"--out={tmp_path / 'p.bin'}"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
   assert result.returncode == 2 and "Traceback" not in result.stderr
   assert "--platforms=gpu: each must be one of cpu, cuda, rocm, tpu" in result.stderr
-  export_policy(str(logdir / "checkpoints"), str(tmp_path / "new" / "dir" / "p.bin"))
+  export_policy(str(small_checkpoints), str(tmp_path / "new" / "dir" / "p.bin"))
   assert (tmp_path / "new" / "dir" / "p.bin").stat().st_size > 1000

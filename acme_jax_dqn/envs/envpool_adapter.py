@@ -57,10 +57,10 @@ class EnvpoolEnvironment(dm_env.Environment):
                     repeat_action_probability=atari.STICKY_ACTIONS,
                     max_episode_steps=atari.MAX_FRAMES // atari.FRAME_SKIP)
     self.num_envs = num_envs
-    # Threads: measured on 2 cores with 8 copies, one thread is fastest for
-    # CartPole-sized tasks (79 against 130 us per call with envpool's
-    # default, where the thread hand-off is the cost) and one per core for
-    # Atari (3.8 against 7.1 ms per call with one thread).
+    # Threads: timed ad hoc on 2 cores with 8 copies, one thread was fastest
+    # for CartPole-sized tasks (the thread hand-off is the cost) and one per
+    # core for Atari; bench/speed.py and bench/atari_throughput.py measure
+    # the results.
     num_threads = min(num_envs, os.cpu_count() or 1) if self._channels_last else 1
     with warnings.catch_warnings():  # envpool's spaces cast float64 bounds: gymnasium warns.
       warnings.simplefilter("ignore", UserWarning)
