@@ -24,6 +24,7 @@ import hashlib
 import os
 import pickle
 import sys
+import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -112,21 +113,28 @@ def _quiet_closed_loop_callbacks() -> None:
 
   When one array of a checkpoint cannot be read, orbax's restore fails
   while tensorstore reads of other arrays are still running; as they finish
-  they call back into orbax's closed event loop, and Python prints each as
-  an unraisable exception. They are harmless; other unraisables still print.
+  they call back into orbax's closed event loop (`call_soon_threadsafe`),
+  and Python prints each as an unraisable exception, an uncaught exception
+  in a Python thread, or (from tensorstore's own threads) through
+  `sys.excepthook`. They are harmless; every other error still prints.
   """
-  previous = sys.unraisablehook
-  if getattr(previous, "_drops_closed_loop_errors", False):
-    return
+  def closed_loop(value) -> bool:
+    return isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
 
-  def hook(unraisable):
-    value = unraisable.exc_value
-    if isinstance(value, RuntimeError) and str(value) == "Event loop is closed":
-      return
-    previous(unraisable)
+  def filtered(previous, exc_value):
+    def hook(*args):
+      if not closed_loop(exc_value(*args)):
+        previous(*args)
+    hook._drops_closed_loop_errors = True  # pylint: disable=protected-access
+    return hook
 
-  hook._drops_closed_loop_errors = True  # pylint: disable=protected-access
-  sys.unraisablehook = hook
+  for module, name, exc_value in (
+      (sys, "unraisablehook", lambda unraisable: unraisable.exc_value),
+      (threading, "excepthook", lambda args: args.exc_value),
+      (sys, "excepthook", lambda exc_type, value, tb: value)):
+    previous = getattr(module, name)
+    if not getattr(previous, "_drops_closed_loop_errors", False):
+      setattr(module, name, filtered(previous, exc_value))
 
 
 def _ocp():
@@ -243,6 +251,8 @@ class Checkpointer:
       CheckpointError: no checkpoint, none readable, or a layout mismatch.
     """
     ocp = _ocp()
+    # Before any read: a failing read's sibling reads call back late.
+    _quiet_closed_loop_callbacks()
     steps = self.steps()
     if step is not None:
       if step not in steps:
@@ -296,7 +306,6 @@ class Checkpointer:
 
   def _set_aside(self, step: int, error: Exception) -> str:
     """Moves an unreadable step out of orbax's view (kept for inspection)."""
-    _quiet_closed_loop_callbacks()
     source = self.path(step)
     destination = os.path.join(self.directory, f"corrupt-{step}-{int(time.time())}")
     try:

@@ -109,6 +109,23 @@ def test_no_readable_checkpoint_is_a_clear_error(tmp_path):
     checkpointing.Checkpointer(str(tmp_path / "bad")).restore(_state())
 
 
+def test_late_closed_loop_errors_of_a_failed_restore_are_dropped_and_others_kept(monkeypatch):
+  import threading  # pylint: disable=import-outside-toplevel
+  import types  # pylint: disable=import-outside-toplevel
+  seen = []
+  monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(("unraisable", str(u.exc_value))))
+  monkeypatch.setattr(threading, "excepthook", lambda a: seen.append(("thread", str(a.exc_value))))
+  monkeypatch.setattr(sys, "excepthook", lambda t, v, tb: seen.append(("except", str(v))))
+  checkpointing._quiet_closed_loop_callbacks()
+  checkpointing._quiet_closed_loop_callbacks()  # Twice: the hooks are not stacked.
+  closed, other = RuntimeError("Event loop is closed"), RuntimeError("disk full")
+  for error in (closed, other):
+    sys.unraisablehook(types.SimpleNamespace(exc_value=error))
+    threading.excepthook(types.SimpleNamespace(exc_value=error))
+    sys.excepthook(RuntimeError, error, None)
+  assert seen == [("unraisable", "disk full"), ("thread", "disk full"), ("except", "disk full")]
+
+
 def test_layout_mismatch_names_the_leaf_and_the_explanation(tmp_path):
   checkpointer = checkpointing.Checkpointer(str(tmp_path))
   checkpointer.save(10, {"w": jnp.zeros((4, 2))}, {}, host=None)
