@@ -21,11 +21,13 @@ leaf and the flags that differ from the checkpoint's run.
 """
 
 import hashlib
+import logging
 import os
 import pickle
 import sys
 import threading
 import time
+import traceback
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
@@ -121,20 +123,46 @@ def _quiet_closed_loop_callbacks() -> None:
   def closed_loop(value) -> bool:
     return isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
 
-  def filtered(previous, exc_value):
+  def filtered(previous, exc_value, main_thread_passes=False):
     def hook(*args):
-      if not closed_loop(exc_value(*args)):
+      # An uncaught error of the main thread is never a late callback: it prints.
+      if main_thread_passes and threading.current_thread() is threading.main_thread():
+        previous(*args)
+      elif not closed_loop(exc_value(*args)):
         previous(*args)
     hook._drops_closed_loop_errors = True  # pylint: disable=protected-access
     return hook
 
-  for module, name, exc_value in (
-      (sys, "unraisablehook", lambda unraisable: unraisable.exc_value),
-      (threading, "excepthook", lambda args: args.exc_value),
-      (sys, "excepthook", lambda exc_type, value, tb: value)):
+  asyncio_logger = logging.getLogger("asyncio")
+  if not any(getattr(f, "_drops_orbax_read_errors", False) for f in asyncio_logger.filters):
+    asyncio_logger.addFilter(_OrbaxReadErrorFilter())
+
+  for module, name, exc_value, main_thread_passes in (
+      (sys, "unraisablehook", lambda unraisable: unraisable.exc_value, False),
+      (threading, "excepthook", lambda args: args.exc_value, False),
+      (sys, "excepthook", lambda exc_type, value, tb: value, True)):
     previous = getattr(module, name)
     if not getattr(previous, "_drops_closed_loop_errors", False):
-      setattr(module, name, filtered(previous, exc_value))
+      setattr(module, name, filtered(previous, exc_value, main_thread_passes))
+
+
+class _OrbaxReadErrorFilter(logging.Filter):
+  """Drops asyncio's 'Task exception was never retrieved' for orbax's sibling reads.
+
+  After the first failing read, orbax's other reads of the same broken
+  checkpoint fail too, and asyncio logs each at garbage collection. The
+  restore error already names the checkpoint; other task errors still log.
+  """
+  _drops_orbax_read_errors = True
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if not str(record.msg).startswith("Task exception was never retrieved"):
+      return True
+    exc_info = record.exc_info
+    if not exc_info or exc_info[2] is None:
+      return True
+    files = [frame.filename for frame in traceback.extract_tb(exc_info[2])]
+    return not any(f"{os.sep}orbax{os.sep}" in name for name in files)
 
 
 def _ocp():
@@ -218,6 +246,7 @@ class Checkpointer:
     checkpoint or it cannot be read.
     """
     ocp = _ocp()
+    _quiet_closed_loop_callbacks()
     steps = self.steps()
     if not steps or (step is not None and step not in steps):
       what = "no checkpoint" if not steps else f"no checkpoint {step} (it has {steps})"

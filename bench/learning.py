@@ -82,7 +82,7 @@ def _time_to_solve(eval_csv: str):
 
 
 def main_anakin():
-  lines = [f"Command: `python bench/learning.py --mode=anakin --num_seeds={FLAGS.num_seeds}`",
+  lines = [f"Command: `{' '.join(['python bench/learning.py'] + sys.argv[1:])}`",
            "", "| preset | seed | env steps | eval return (10 ep) | wall s (all seeds, compile incl.) "
            f"| time to mean ≥ {FLAGS.solve_return:.0f} (wall s, env steps) |",
            "|---|---|---|---|---|---|"]

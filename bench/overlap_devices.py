@@ -5,11 +5,14 @@
 Acting is a jitted greedy call on one CartPole observation (120-84 MLP,
 the CleanRL settings of launch/configs/cartpole_local_cleanrl.cfg); every
 10th acting call a learner step (one Adam step of batch 128) is dispatched
-first, and acting uses the parameters from before it, so it never needs
-the step's result. With two devices
+first, and acting switches to the parameters from before it (the result
+of the step dispatched 10 calls earlier), so it never waits for the step
+just dispatched. With two devices
 (`--xla_force_host_platform_device_count=2`) the learner runs on the
-second one. Prints microseconds per acting call without and with the
-learner; if the learner overlapped acting, the two would be close.
+second one, and each switch also copies the parameters across devices
+(a no-op on one device). Prints microseconds per acting call without and
+with the learner; if the learner overlapped acting, the two would be
+close. The printed lines are also written to --out.
 """
 
 import os
@@ -22,6 +25,7 @@ from absl import flags
 
 flags.DEFINE_integer("devices", 0, "Internal: time one case with this many CPU devices.")
 flags.DEFINE_integer("calls", 10_000, "Acting calls per timing.")
+flags.DEFINE_string("out", "bench/results/overlap_devices.md", "Where to write the results.")
 FLAGS = flags.FLAGS
 
 
@@ -71,15 +75,24 @@ def main(argv):
   del argv
   if FLAGS.devices:
     return _time_case(FLAGS.devices)
+  lines = [f"Command: `python bench/overlap_devices.py` ({os.cpu_count()} cores)", ""]
   for num_devices in (1, 2):
     env = dict(os.environ)
     if num_devices > 1:
       env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
                           f" --xla_force_host_platform_device_count={num_devices}").strip()
-    subprocess.run([sys.executable, __file__, f"--devices={num_devices}",
-                    f"--calls={FLAGS.calls}"], env=env, check=True)
-  print("compared: acting cost with and without a learner step in flight, on one XLA CPU "
-        "device and on two (learner on the second); overlap would make them equal.")
+    out = subprocess.run([sys.executable, __file__, f"--devices={num_devices}",
+                          f"--calls={FLAGS.calls}"], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    for line in out.strip().splitlines():
+      print(line)
+      lines.append(f"- {line}")
+  summary = ("compared: acting cost with and without a learner step in flight, on one XLA "
+             "CPU device and on two (learner on the second); overlap would make them equal.")
+  print(summary)
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(root, FLAGS.out), "w") as f:
+    f.write("\n".join(lines + ["", summary]) + "\n")
 
 
 if __name__ == "__main__":

@@ -108,10 +108,30 @@ _CONTRADICTIONS = (
 )
 
 
-def check_contradictions() -> None:
-  """Flags given together that cannot both apply (ConfigError naming them)."""
+def command_line_flag_names(argv) -> set:
+  """Names of the flags written on the command line itself (not read from a --flagfile)."""
+  names = set()
+  for arg in argv[1:]:
+    if arg == "--":
+      break
+    if arg.startswith("--"):
+      name = arg[2:].split("=", 1)[0]
+      names.update((name, name[2:]) if name.startswith("no") else (name,))
+  return names
+
+
+def check_contradictions(argv=None) -> None:
+  """Flags given together that cannot both apply (ConfigError naming them).
+
+  A flag written on the command line overrides contradicting flags that
+  come only from a --flagfile (e.g. `--apex_epsilons` after a preset with
+  an epsilon schedule), as any later flag overrides a flagfile's value.
+  """
+  import sys  # pylint: disable=import-outside-toplevel
+  explicit = command_line_flag_names(sys.argv if argv is None else argv)
   for flag, others, why in _CONTRADICTIONS:
-    given = [name for name in others if FLAGS[name].present]
+    given = [name for name in others if FLAGS[name].present
+             and (name in explicit or flag not in explicit)]
     if FLAGS[flag].value and given:
       raise ConfigError(f"--{flag} with {', '.join('--' + g for g in given)}: {why}. "
                         f"Drop one of them.")
@@ -125,9 +145,13 @@ def _parse_int_list(name: str, values) -> tuple:
                      "of integers, e.g. 256,256.") from None
 
 
-def config_from_flags() -> DQNConfig:
-  """The one place where flags become a DQNConfig (validated by the config)."""
-  check_contradictions()
+def config_from_flags(argv=None) -> DQNConfig:
+  """The one place where flags become a DQNConfig (validated by the config).
+
+  `argv` (default sys.argv) tells which flags were written on the command
+  line, for `check_contradictions`.
+  """
+  check_contradictions(argv)
   values = {}
   for field in dataclasses.fields(DQNConfig):
     value = FLAGS[field.name].value

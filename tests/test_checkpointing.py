@@ -117,13 +117,47 @@ def test_late_closed_loop_errors_of_a_failed_restore_are_dropped_and_others_kept
   monkeypatch.setattr(threading, "excepthook", lambda a: seen.append(("thread", str(a.exc_value))))
   monkeypatch.setattr(sys, "excepthook", lambda t, v, tb: seen.append(("except", str(v))))
   checkpointing._quiet_closed_loop_callbacks()
+  hooks = (sys.unraisablehook, threading.excepthook, sys.excepthook)
   checkpointing._quiet_closed_loop_callbacks()  # Twice: the hooks are not stacked.
+  assert (sys.unraisablehook, threading.excepthook, sys.excepthook) == hooks
   closed, other = RuntimeError("Event loop is closed"), RuntimeError("disk full")
-  for error in (closed, other):
-    sys.unraisablehook(types.SimpleNamespace(exc_value=error))
-    threading.excepthook(types.SimpleNamespace(exc_value=error))
-    sys.excepthook(RuntimeError, error, None)
+
+  def late_callbacks():  # As tensorstore's threads report them.
+    for error in (closed, other):
+      sys.unraisablehook(types.SimpleNamespace(exc_value=error))
+      threading.excepthook(types.SimpleNamespace(exc_value=error))
+      sys.excepthook(RuntimeError, error, None)
+
+  thread = threading.Thread(target=late_callbacks)
+  thread.start()
+  thread.join()
   assert seen == [("unraisable", "disk full"), ("thread", "disk full"), ("except", "disk full")]
+  # The main thread's own uncaught error always prints, whatever it says.
+  sys.excepthook(RuntimeError, closed, None)
+  assert seen[-1] == ("except", "Event loop is closed")
+
+
+def test_never_retrieved_orbax_read_errors_are_dropped_from_the_asyncio_log_and_others_kept():
+  import logging  # pylint: disable=import-outside-toplevel
+  checkpointing._quiet_closed_loop_callbacks()
+  log_filter = [f for f in logging.getLogger("asyncio").filters
+                if getattr(f, "_drops_orbax_read_errors", False)]
+  assert len(log_filter) == 1
+
+  def record(message, filename):
+    code = compile("raise ValueError('OUT_OF_RANGE')", filename, "exec")
+    try:
+      exec(code)  # pylint: disable=exec-used
+    except ValueError as error:
+      exc_info = (ValueError, error, error.__traceback__)
+    return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, message, None, exc_info)
+
+  orbax_file = os.path.join(os.sep, "site-packages", "orbax", "checkpoint", "serialization.py")
+  assert not log_filter[0].filter(record("Task exception was never retrieved\nfuture: x",
+                                         orbax_file))
+  assert log_filter[0].filter(record("Task exception was never retrieved\nfuture: x",
+                                     os.path.join(os.sep, "app", "mine.py")))
+  assert log_filter[0].filter(record("Unhandled exception in event loop", orbax_file))
 
 
 def test_layout_mismatch_names_the_leaf_and_the_explanation(tmp_path):

@@ -78,6 +78,40 @@ def test_flags_after_the_flagfile_override_it(tmp_path):
   assert summary["config"]["double_q"] and summary["config"]["dueling"]
 
 
+PARSE_APEX = """
+import json, sys
+from absl import flags
+from launch import flags as launch_flags
+launch_flags.define_flags()
+from agents.dqn import ConfigError
+results = []
+for extra in (["--apex_epsilons"], ["--apex_epsilons", "--epsilon_end=0.1"]):
+  argv = ["run_dqn", "--flagfile=launch/configs/cartpole_distributed.cfg", *extra]
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(argv)
+  try:
+    config = launch_flags.config_from_flags(argv)
+    results.append([config.apex_epsilons, config.epsilon_end])
+  except ConfigError as error:
+    results.append(str(error))
+print(json.dumps([sorted(launch_flags.command_line_flag_names(
+    ["x", "--flagfile=a.cfg", "--noquiet", "--seed=3", "--", "--not_a_flag"])), results]))
+"""
+
+
+def test_a_command_line_flag_overrides_a_contradicting_flag_of_the_flagfile():
+  result = subprocess.run([sys.executable, "-c", PARSE_APEX], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+  assert result.returncode == 0, result.stderr[-3000:]
+  names, (apex_over_preset, both_on_command_line) = json.loads(
+      result.stdout.strip().splitlines()[-1])
+  assert names == ["flagfile", "noquiet", "quiet", "seed"]
+  # The preset's epsilon schedule (from cartpole_dqn.cfg) gives way to --apex_epsilons.
+  assert apex_over_preset[0] is True
+  # Both written on the command line: still a contradiction, named.
+  assert "--apex_epsilons with --epsilon_end" in both_on_command_line
+
+
 @pytest.mark.parametrize("args, expected", [
     (["--no_such_flag=1"], "no_such_flag"),
     (["--batch_size=abc"], "batch_size"),
