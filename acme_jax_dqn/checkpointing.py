@@ -126,9 +126,8 @@ def _quiet_closed_loop_callbacks() -> None:
   def filtered(previous, exc_value, main_thread_passes=False):
     def hook(*args):
       # An uncaught error of the main thread is never a late callback: it prints.
-      if main_thread_passes and threading.current_thread() is threading.main_thread():
-        previous(*args)
-      elif not closed_loop(exc_value(*args)):
+      on_main = threading.current_thread() is threading.main_thread()
+      if (main_thread_passes and on_main) or not closed_loop(exc_value(*args)):
         previous(*args)
     hook._drops_closed_loop_errors = True  # pylint: disable=protected-access
     return hook
