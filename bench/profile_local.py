@@ -25,13 +25,16 @@ flags.DEFINE_integer("num_envs", 1, "Environment copies.")
 flags.DEFINE_integer("iterations", 3000, "Timed loop iterations (after 1000 untimed).")
 flags.DEFINE_bool("block", False, "Wait for each learner step inside update.")
 flags.DEFINE_integer("variable_update_period", 1, "Actor calls between parameter pulls.")
+flags.DEFINE_bool("one_cpu_core", False, "Run XLA's CPU client on one core (as --one_cpu_core).")
 FLAGS = flags.FLAGS
 
 
 def main(argv):
   del argv
   n = FLAGS.num_envs
-  utils.configure_cpu_dispatch(n)
+  utils.configure_cpu_dispatch(n)  # Before the client exists, as run_dqn does.
+  if FLAGS.one_cpu_core:
+    utils.run_xla_on_one_cpu_core()
   config = DQNConfig(hidden_sizes=(120, 84), batch_size=128, samples_per_insert=12.8,
                      replay_capacity=10_000, min_replay_size=1_000, target_update_period=50,
                      learning_rate=2.5e-4, huber_delta=0.0, max_grad_norm=0.0,

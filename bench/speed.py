@@ -1,6 +1,7 @@
 """Speed: local mode against CleanRL's figure, anakin mode against PureJaxRL's and the SGD floor.
 
-  python bench/speed.py                 # local mode, 1 and 8 envs, gymnasium and envpool
+  python bench/speed.py                 # local mode, 1 and 8 envs, gymnasium and envpool,
+                                        # XLA on both cores and with --one_cpu_core
   python bench/speed.py --mode=anakin   # compiled mode, its floor, the compile cache
   (seeds: bench/seeds_scale.py)
 
@@ -13,6 +14,7 @@ issue 2 (about 5,200 env steps/s after compiling; 100,000 steps in ~21 s);
 CleanRL itself is not run here.
 """
 
+import itertools
 import json
 import os
 import shutil
@@ -99,28 +101,30 @@ def main(argv):
   if FLAGS.mode == "anakin":
     return main_anakin()
   lines = [f"Command: `python bench/speed.py` ({os.cpu_count()} cores)", "",
-           "| env | num_envs | env steps | wall s | compile s | sps (all) | sps after compile | "
-           f"x CleanRL ({FLAGS.cleanrl_sps:,.0f}) | goal | x {FLAGS.envs[0]} |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "| env | num_envs | XLA threads | env steps | wall s | compile s | sps (all) | "
+           f"sps after compile | x CleanRL ({FLAGS.cleanrl_sps:,.0f}) | goal | x {FLAGS.envs[0]} |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
   baseline = {}
-  for num_envs in map(int, FLAGS.num_envs):
-    for env in FLAGS.envs:
-      logdir = os.path.join(FLAGS.logdir, f"{env.replace(':', '_')}_envs{num_envs}")
-      s = _run(["--flagfile=launch/configs/cartpole_local_cleanrl.cfg", f"--env={env}",
-                f"--num_envs={num_envs}", f"--total_steps={FLAGS.total_steps}"], logdir)
-      ratio = s["sps_after_compile"] / FLAGS.cleanrl_sps
-      baseline.setdefault(num_envs, s["sps_after_compile"])
-      goal = GOALS.get(num_envs)
-      line = (f"| {env} | {num_envs} | {s['env_steps']} | {s['wall_s']:.1f} | "
-              f"{s['compile_s']:.1f} | {s['sps']:.0f} | {s['sps_after_compile']:.0f} | "
-              f"{ratio:.2f} | "
-              f"{'≥ %.1f: %s' % (goal, 'met' if ratio >= goal else 'missed') if goal else '-'} | "
-              f"{s['sps_after_compile'] / baseline[num_envs]:.2f} |")
-      print(line, flush=True)
-      lines.append(line)
+  for num_envs, (threads, extra), env in itertools.product(
+      map(int, FLAGS.num_envs), (("2 cores (default)", []), ("--one_cpu_core", ["--one_cpu_core"])),
+      FLAGS.envs):
+    logdir = os.path.join(FLAGS.logdir, f"{env.replace(':', '_')}_envs{num_envs}"
+                          f"{'_one' if extra else ''}")
+    s = _run(["--flagfile=launch/configs/cartpole_local_cleanrl.cfg", f"--env={env}",
+              f"--num_envs={num_envs}", f"--total_steps={FLAGS.total_steps}", *extra], logdir)
+    ratio = s["sps_after_compile"] / FLAGS.cleanrl_sps
+    baseline.setdefault((num_envs, threads), s["sps_after_compile"])
+    goal = GOALS.get(num_envs)
+    line = (f"| {env} | {num_envs} | {threads} | {s['env_steps']} | {s['wall_s']:.1f} | "
+            f"{s['compile_s']:.1f} | {s['sps']:.0f} | {s['sps_after_compile']:.0f} | "
+            f"{ratio:.2f} | "
+            f"{'≥ %.1f: %s' % (goal, 'met' if ratio >= goal else 'missed') if goal else '-'} | "
+            f"{s['sps_after_compile'] / baseline[num_envs, threads]:.2f} |")
+    print(line, flush=True)
+    lines.append(line)
   print(f"compared: local-mode env steps/s after compile with CleanRL dqn_jax's "
         f"{FLAGS.cleanrl_sps:.0f} (quoted reference, not run here), and each env with "
-        f"{FLAGS.envs[0]} at the same num_envs; CartPole-v1, {FLAGS.total_steps} steps, "
+        f"{FLAGS.envs[0]} at the same num_envs and threading; CartPole-v1, {FLAGS.total_steps} steps, "
         f"this machine ({os.cpu_count()} cores).")
   with open(os.path.join(ROOT, FLAGS.out), "w") as f:
     f.write("\n".join(lines) + "\n")

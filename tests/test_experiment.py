@@ -1,6 +1,10 @@
-"""run_experiment with batched envs: step counts exclude restarts, logs keep their cadence."""
+"""run_experiment: batched envs count real steps and log on cadence; CPU dispatch is set in time."""
 
 import csv
+import json
+import os
+import subprocess
+import sys
 
 from agents.dqn import DQNConfig
 from agents.dqn.experiment import ExperimentConfig, run_experiment
@@ -21,3 +25,35 @@ def test_batched_run_counts_real_steps_and_logs_on_cadence(tmp_path):
   # Every counted step produced one transition (n_step 1): none for restarts.
   inserted = summary["learner_steps"] * 16 / 4 + 100
   assert inserted <= summary["env_steps"] < inserted + 16 / 4 + 3
+
+
+ONE_CORE_LOCAL = """
+import json, sys
+from jax._src import xla_bridge
+from acme_jax_dqn import utils
+from agents.dqn import DQNConfig
+from agents.dqn.experiment import ExperimentConfig, run_experiment
+seen = []
+original = utils.use_synchronous_cpu_dispatch
+def recording():
+  seen.append(xla_bridge.backends_are_initialized())
+  original()
+utils.use_synchronous_cpu_dispatch = recording
+config = DQNConfig(hidden_sizes=(16,), batch_size=16, min_replay_size=100,
+                   replay_capacity=1000, num_envs=1)
+run_experiment(ExperimentConfig(total_steps=300, logdir=sys.argv[1], eval_episodes=1,
+                                quiet=True, one_cpu_core=True,
+                                compilation_cache_dir=""), config)
+print(json.dumps(seen))
+"""
+
+
+def test_one_env_local_run_sets_synchronous_dispatch_before_the_cpu_client_exists(tmp_path):
+  # JAX reads the dispatch setting when it creates the CPU client, and
+  # --one_cpu_core creates it: set the other way round, one env ran async.
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  result = subprocess.run([sys.executable, "-c", ONE_CORE_LOCAL, str(tmp_path)], cwd=root,
+                          capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  seen = json.loads(result.stdout.strip().splitlines()[-1])
+  assert seen and seen[0] is False, seen

@@ -167,6 +167,10 @@ def _recent_mean(episodes, count: int = 20) -> float:
 def run_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str, Any]:
   """Trains in the experiment's run mode and returns (and writes) the summary."""
   utils.enable_compilation_cache(experiment.compilation_cache_dir)
+  if experiment.run_mode == "local":
+    # Before the CPU client exists (`run_xla_on_one_cpu_core` creates it): JAX
+    # reads the dispatch setting only then.
+    utils.configure_cpu_dispatch(config.num_envs)
   if experiment.one_cpu_core:
     utils.run_xla_on_one_cpu_core()
   if experiment.run_mode == "anakin":
