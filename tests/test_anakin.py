@@ -168,6 +168,20 @@ def test_anakin_runs_are_deterministic_differ_across_seeds_and_learn(tmp_path):
   assert on_disk["run_mode"] == "anakin"
 
 
+def test_evaluations_land_on_the_chunk_end_nearest_each_multiple_of_eval_every(tmp_path):
+  # Iterations of 4 env steps after a 2-step n-step fill: chunks end at 250,
+  # 498, 746 and 994, so three of them fall just short of a multiple of 250.
+  experiment = ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin", total_steps=1000,
+                                logdir=str(tmp_path), eval_every=250, eval_episodes=2,
+                                quiet=True, num_seeds=1, save_checkpoints=False)
+  config = _tiny_config(num_envs=1, batch_size=16, samples_per_insert=4.0, n_step=3,
+                        min_replay_size=100)
+  run_experiment(experiment, config)
+  with open(tmp_path / "eval.csv") as f:
+    steps = [int(line.split(",")[0]) for line in f.read().splitlines()[1:]]
+  assert steps == [250, 498, 746, 994]
+
+
 def _cli(*args):
   return subprocess.run([sys.executable, "-m", "launch.run_dqn", "--quiet", *args],
                         cwd=ROOT, capture_output=True, text=True, timeout=120)

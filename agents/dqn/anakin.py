@@ -125,12 +125,16 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
   chunk_fn = jax.vmap(functools.partial(trainer.train_chunk,
                                         num_iterations=plan.iterations_per_chunk),
                       in_axes=(0, None))
-  # The evaluation is not needed before the first chunk ends: compile it meanwhile.
-  evaluate_future = _compile_in_background(
-      jax.jit(jax.vmap(trainer.evaluate)).lower(state_shape.learner.online_params, eval_keys))
+  # XLA compiles a program on the thread that asks: the init compiles beside
+  # the training chunk, and the evaluation (not needed before the first
+  # chunk ends) after the init, meanwhile.
+  init_future = _compile_in_background(init.lower(train_keys))
+  evaluate_lowered = jax.jit(jax.vmap(trainer.evaluate)).lower(
+      state_shape.learner.online_params, eval_keys)
   train_chunk = jax.jit(chunk_fn, donate_argnums=0).lower(
       state_shape, np.int32(0)).compile()
-  state = init(train_keys)
+  state = init_future.result()(train_keys)
+  evaluate_future = _compile_in_background(evaluate_lowered)
   jax.block_until_ready(state)
 
   run_checkpoints = checkpoints.RunCheckpoints(experiment, config)
@@ -187,7 +191,10 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
             "nonfinite_updates": int(np.sum(jax.device_get(state.learner.nonfinite_updates)))},
         params=jax.device_get(state.learner.online_params))
 
-  next_eval = checkpoints.next_multiple(first_step, experiment.eval_every)
+  # Chunk ends fall near, not on, multiples of --eval_every (the n-step fill
+  # and whole iterations shift them): evaluate at the chunk end nearest each.
+  half_chunk = plan.iterations_per_chunk * plan.steps_per_iteration // 2
+  next_eval = checkpoints.next_multiple(first_step + half_chunk, experiment.eval_every)
   next_save = checkpoints.next_multiple(first_step, run_checkpoints.every)
   # Signals are held from here to the final checkpoint (see run_local_experiment).
   preemption = checkpoints.Preemption().__enter__()
@@ -213,9 +220,9 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
                   "nonfinite_updates": int(np.sum(nonfinite))}
       run_log.train(last_row)
       nonfinite_check(nonfinite, first_nonfinite, env_steps)
-      if next_eval is not None and env_steps >= next_eval:
+      if next_eval is not None and env_steps + half_chunk >= next_eval:
         run_eval(env_steps, learner_steps, len(eval_rows))
-        next_eval = checkpoints.next_multiple(env_steps, experiment.eval_every)
+        next_eval = checkpoints.next_multiple(env_steps + half_chunk, experiment.eval_every)
       if run_checkpoints.due(env_steps, next_save):
         save(env_steps, chunk)
         next_save = checkpoints.next_multiple(env_steps, run_checkpoints.every)
