@@ -44,6 +44,12 @@ def run_game(game: str) -> dict:
     return json.load(f)
 
 
+def _write(lines) -> None:
+  os.makedirs(os.path.dirname(os.path.join(ROOT, FLAGS.out)), exist_ok=True)
+  with open(os.path.join(ROOT, FLAGS.out), "w") as f:
+    f.write("\n".join(lines) + "\n")
+
+
 def main(argv):
   del argv
   command = " ".join(["python bench/minatar.py"] + sys.argv[1:])
@@ -63,9 +69,7 @@ def main(argv):
             f"| {s['wall_s']:.0f} | {s['sps_all_seeds']:.0f} |")
     print(line, flush=True)
     lines.append(line)
-  os.makedirs(os.path.dirname(os.path.join(ROOT, FLAGS.out)), exist_ok=True)
-  with open(os.path.join(ROOT, FLAGS.out), "w") as f:
-    f.write("\n".join(lines) + "\n")
+    _write(lines)  # After every game: a long run stopped part way keeps its finished rows.
   print(f"compared: mean greedy eval return of {FLAGS.num_seeds} seeds after "
         f"{FLAGS.total_steps} env steps against gymnax's PPO returns; {reached}/"
         f"{len(FLAGS.games)} games reach them. Table: {FLAGS.out}")
