@@ -260,7 +260,6 @@ def run_local_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dic
   saves their state), so a resumed run repeats the uninterrupted one exactly.
   """
   start = time.perf_counter()
-  utils.configure_cpu_dispatch(config.num_envs)
   seed = experiment.seed
   num_envs = None if config.num_envs == 1 else config.num_envs
   try:  # Bad input shows up here: unknown env, actions or observations the network cannot take.
