@@ -56,6 +56,11 @@ def define_flags() -> None:
                       "program skip compiling. Empty turns it off.")
   flags.DEFINE_bool("one_cpu_core", False, "Run XLA's CPU client on one core: on 2 cores "
                     "the compiled anakin loop ran 1.1-1.5x faster, a cold compile 1.6x slower.")
+  flags.DEFINE_integer("cpu_devices", 0, "Anakin mode on the CPU: XLA CPU devices the seeds "
+                       "are split over, each block of seeds its own program on its own thread "
+                       "(0: one per seed, up to 64, with an MLP torso; one with a conv torso, "
+                       "whose ops use every core already). 16 seeds of the PureJaxRL preset ran 1.8x "
+                       "as fast on 16 devices as on 1 (2 cores).")
   flags.DEFINE_bool("save_checkpoints", True, "Save orbax checkpoints: at the end, every "
                     "--checkpoint_every env steps, and on SIGTERM / Ctrl-C.")
   flags.DEFINE_string("checkpoint_dir", "", "Checkpoint directory (default <logdir>/checkpoints).")
@@ -176,6 +181,7 @@ def _experiment_from_flags() -> ExperimentConfig:
                           num_seeds=FLAGS.num_seeds,
                           compilation_cache_dir=FLAGS.compilation_cache_dir,
                           one_cpu_core=FLAGS.one_cpu_core,
+                          cpu_devices=FLAGS.cpu_devices,
                           save_checkpoints=FLAGS.save_checkpoints,
                           checkpoint_dir=FLAGS.checkpoint_dir,
                           checkpoint_every=FLAGS.checkpoint_every,

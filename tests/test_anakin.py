@@ -253,3 +253,49 @@ def test_one_cpu_core_run_completes_and_affinity_is_restored(tmp_path):
   before = os.sched_getaffinity(0)
   assert utils.run_xla_on_one_cpu_core() is False
   assert os.sched_getaffinity(0) == before
+
+
+_SPLIT_SEEDS_SCRIPT = """
+import json, sys
+import jax
+import numpy as np
+from acme_jax_dqn import checkpointing
+from agents.dqn.config import DQNConfig
+from agents.dqn.experiment import ExperimentConfig, run_experiment
+config = DQNConfig(hidden_sizes=(16,), batch_size=16, min_replay_size=100, num_envs=2,
+                   samples_per_insert=4.0, epsilon_decay_steps=500)
+out = {}
+for name, seed, num_seeds in (("pair", 0, 2), ("alone", 1, 1)):
+  experiment = ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin", seed=seed,
+                                num_seeds=num_seeds, total_steps=600, eval_episodes=2,
+                                logdir=sys.argv[1] + "/" + name, quiet=True, loggers=("csv",))
+  summary = run_experiment(experiment, config)
+  params, _, _ = checkpointing.Checkpointer(sys.argv[1] + "/" + name + "/checkpoints"
+                                            ).restore_params()
+  out[name] = {"seed_devices": summary["seed_devices"],
+               "params": [np.asarray(x).tolist() for x in jax.tree.leaves(params)]}
+from agents.dqn.anakin import _seed_mesh
+out["mesh_sizes"] = [_seed_mesh(n, cpu_devices, torso).size for n, cpu_devices, torso in
+                     ((2, 0, "mlp"), (2, 0, "minatar_conv"), (3, 0, "mlp"), (4, 1, "mlp"),
+                      (4, 2, "nature_conv"))]
+print(json.dumps({"devices": len(jax.devices()), **out}))
+"""
+
+
+def test_seeds_split_over_cpu_devices_keep_each_seed_its_own(tmp_path):
+  """--cpu_devices (0: one per seed for MLPs) runs each block of seeds as its own program:
+  seed 1 of a pair split over two devices trains what seed 1 trains alone (to float rounding:
+  the split program is compiled apart), and its checkpoint saves and reads back."""
+  result = subprocess.run([sys.executable, "-c", _SPLIT_SEEDS_SCRIPT, str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  out = json.loads(result.stdout.splitlines()[-1])
+  assert out["devices"] == 2  # Made by the first run (2 seeds), before the CPU client existed.
+  pair, alone = out["pair"], out["alone"]
+  assert pair["seed_devices"] == 2 and alone["seed_devices"] == 1
+  # Auto: every device for MLP torsos, one for conv torsos; never an uneven split.
+  assert out["mesh_sizes"] == [2, 1, 1, 1, 2]
+  for in_pair, by_itself in zip(pair["params"], alone["params"]):
+    in_pair, by_itself = np.asarray(in_pair), np.asarray(by_itself)
+    np.testing.assert_allclose(in_pair[1], by_itself[0], rtol=1e-4, atol=1e-6)
+    assert np.max(np.abs(in_pair[0] - in_pair[1])) > 1e-3  # Seed 0 is another run.

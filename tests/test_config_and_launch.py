@@ -189,7 +189,7 @@ EXPERIMENT_OUT_OF_RANGE = {
     "eval_episodes": (0, "--eval_episodes"), "eval_every": (-1, "--eval_every"),
     "log_every": (0, "--log_every"), "num_seeds": (0, "--num_seeds"),
     "checkpoint_every": (-1, "--checkpoint_every"),
-    "keep_checkpoints": (-1, "--keep_checkpoints"),
+    "keep_checkpoints": (-1, "--keep_checkpoints"), "cpu_devices": (-1, "--cpu_devices"),
     "num_actors": (0, "--num_actors"), "max_learner_steps": (-1, "--max_learner_steps"),
     "actor_insert_batch": (0, "--actor_insert_batch"),
 }

@@ -1,7 +1,9 @@
 """Anakin mode: the compiled trainer driven chunk by chunk, with the local mode's logs and summary.
 
 `run_anakin_experiment` builds `acme_jax_dqn.anakin` from the `DQNBuilder`,
-vmaps it over `num_seeds` seeds, compiles the init and the training chunk
+vmaps it over `num_seeds` seeds, splits the seeds over the local devices
+(`shard_map`: each device runs its block, with no cross-device work; on
+the CPU, `--cpu_devices` makes the devices), compiles the init and the training chunk
 ahead of time (that is `compile_s`; the evaluation compiles in a
 background thread while training runs), then runs the chunks: each is one
 call on the device, after which one row of metrics comes back for the
@@ -18,11 +20,13 @@ from typing import Any, Dict, List
 
 import jax
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from acme_jax_dqn import anakin as anakin_lib
 from acme_jax_dqn import checkpointing
 from acme_jax_dqn import envs
 from acme_jax_dqn import loggers
+from acme_jax_dqn import networks as networks_lib
 from agents.dqn import checkpoints
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import ConfigError, DQNConfig
@@ -93,6 +97,29 @@ def _compile_in_background(lowered) -> concurrent.futures.Future:
   return future
 
 
+def _seed_mesh(num_seeds: int, cpu_devices: int, torso: str) -> jax.sharding.Mesh:
+  """The local devices the seeds are split over: at most as many as divide `num_seeds` evenly.
+
+  On the CPU, `--cpu_devices` caps them; 0 means one per seed for MLP
+  torsos and one device for conv torsos. Measured on 2 cores: 16 seeds of
+  the PureJaxRL CartPole preset ran 1.8x as fast on 16 devices as on one
+  (tiny ops, one thread each, so seeds on parallel threads gain), while 3
+  MinAtar seeds ran 0.81x as fast on 3 devices (their conv ops already
+  use both cores inside one program).
+  """
+  devices = jax.local_devices()
+  if jax.default_backend() == "cpu":
+    wanted = cpu_devices or (len(devices) if torso == "mlp" else 1)
+    devices = devices[:wanted]
+  count = max(d for d in range(1, len(devices) + 1) if num_seeds % d == 0)
+  return jax.sharding.Mesh(np.array(devices[:count]), ("seeds",))
+
+
+def _per_device(fn, mesh, in_specs, out_specs=P("seeds")):
+  """`fn` (vmapped over seeds) run on each device's block of seeds, with no cross-device work."""
+  return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+
+
 def _mean(values) -> float:
   return float(np.mean(np.asarray(values, np.float64)))
 
@@ -120,16 +147,19 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
   train_keys = np.stack([np.asarray(jax.random.PRNGKey(s)) for s in seeds])
   # Evaluation has its own stream per seed (as local mode's eval env seed + 1e6).
   eval_keys = np.stack([np.asarray(jax.random.PRNGKey(s + 1_000_000)) for s in seeds])
-  init = jax.jit(jax.vmap(trainer.init))
+  mesh = _seed_mesh(num_seeds, experiment.cpu_devices,
+                    networks_lib.choose_torso(env.spec.observations.shape, config.torso))
+  init = jax.jit(_per_device(jax.vmap(trainer.init), mesh, P("seeds")))
   state_shape = jax.eval_shape(init, train_keys)
-  chunk_fn = jax.vmap(functools.partial(trainer.train_chunk,
-                                        num_iterations=plan.iterations_per_chunk),
-                      in_axes=(0, None))
+  chunk_fn = _per_device(
+      jax.vmap(functools.partial(trainer.train_chunk, num_iterations=plan.iterations_per_chunk),
+               in_axes=(0, None)), mesh, (P("seeds"), P()))
   # XLA compiles a program on the thread that asks: the init compiles beside
   # the training chunk, and the evaluation (not needed before the first
   # chunk ends) after the init, meanwhile.
   init_future = _compile_in_background(init.lower(train_keys))
-  evaluate_lowered = jax.jit(jax.vmap(trainer.evaluate)).lower(
+  evaluate_lowered = jax.jit(_per_device(jax.vmap(trainer.evaluate), mesh,
+                                         (P("seeds"), P("seeds")))).lower(
       state_shape.learner.online_params, eval_keys)
   train_chunk = jax.jit(chunk_fn, donate_argnums=0).lower(
       state_shape, np.int32(0)).compile()
@@ -254,6 +284,7 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
       train_return_recent=last_row.get("return_recent", math.nan),
       num_seeds=num_seeds,
       seeds=seeds,
+      seed_devices=mesh.size,
       eval_return_per_seed=final["eval_return_per_seed"],
       eval_return_min_seed=final["eval_return_min_seed"],
       env_steps_all_seeds=plan.env_steps * num_seeds,

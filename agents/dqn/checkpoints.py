@@ -24,7 +24,7 @@ _SAME_CONFIG_FIELDS = ("num_envs", "n_step")
 # Experiment fields that never matter for the resumed computation.
 _RUN_ONLY_FIELDS = ("logdir", "quiet", "resume", "checkpoint_dir", "checkpoint_every",
                     "keep_checkpoints", "compilation_cache_dir", "one_cpu_core",
-                    "save_checkpoints", "skip_nonfinite_updates", "log_every",
+                    "cpu_devices", "save_checkpoints", "skip_nonfinite_updates", "log_every",
                     "loggers", "wandb_project", "wandb_mode")
 SIGKILL_AT_STEP_VAR = "ACME_JAX_DQN_SIGKILL_AT_STEP"
 

@@ -48,6 +48,11 @@ class ExperimentConfig:
       reruns of the same program load it instead of compiling.
     one_cpu_core: run XLA's CPU client on one core (faster compiled loops,
       slower cold compiles; see `utils.run_xla_on_one_cpu_core`).
+    cpu_devices: XLA CPU devices an anakin run splits its seeds over, each
+      running its block of seeds as its own program on its own thread (0:
+      one per seed with an MLP torso, up to `utils.MAX_AUTO_CPU_DEVICES`,
+      and one with a conv torso; see agents/dqn/anakin.py `_seed_mesh`).
+      No effect on GPUs or TPUs.
     save_checkpoints: save orbax checkpoints (at the end, every
       `checkpoint_every` env steps, and on SIGTERM / Ctrl-C).
     checkpoint_dir: where checkpoints go ("" is `<logdir>/checkpoints`).
@@ -86,6 +91,7 @@ class ExperimentConfig:
   num_seeds: int = 1
   compilation_cache_dir: str = ""
   one_cpu_core: bool = False
+  cpu_devices: int = 0
   save_checkpoints: bool = True
   checkpoint_dir: str = ""
   checkpoint_every: int = 0
@@ -124,6 +130,9 @@ class ExperimentConfig:
           f"--num_seeds={self.num_seeds} trains seeds together in one compiled "
           "program, which needs --run_mode=anakin (and a gymnax environment); in "
           "local mode run one seed per process with --seed.")
+    if self.cpu_devices < 0:
+      raise ValueError(f"--cpu_devices={self.cpu_devices}: must be 0 (one per seed) or "
+                       "positive.")
     if self.num_actors < 1:
       raise ValueError(f"--num_actors={self.num_actors}: the distributed program needs at "
                        "least 1 actor node.")
@@ -171,6 +180,9 @@ def run_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str,
     # Before the CPU client exists (`run_xla_on_one_cpu_core` creates it): JAX
     # reads the dispatch setting only then.
     utils.configure_cpu_dispatch(config.num_envs)
+  if experiment.run_mode == "anakin":  # Also before the CPU client exists.
+    utils.set_cpu_devices(experiment.cpu_devices or
+                          min(experiment.num_seeds, utils.MAX_AUTO_CPU_DEVICES))
   if experiment.one_cpu_core:
     utils.run_xla_on_one_cpu_core()
   if experiment.run_mode == "anakin":
