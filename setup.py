@@ -14,7 +14,7 @@ setuptools.setup(
     package_data={"launch": ["configs/*.cfg"]},
     python_requires=">=3.10",
     install_requires=[
-        "jax>=0.4.30",
+        "jax>=0.7.0",  # jax.shard_map(check_vma=...) splits anakin seeds over devices.
         "dm-haiku>=0.0.13",
         "rlax>=0.1.6",
         "optax>=0.2.2",

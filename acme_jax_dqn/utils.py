@@ -105,11 +105,13 @@ def set_cpu_devices(count: int) -> bool:
   its own thread. On 2 cores, 16 seeds of the PureJaxRL preset (batch 128,
   120-84 MLP) ran at 25,964 env steps/s after compiling as one vmapped
   program on 1 device and 47,269 on 16 (bench/seeds_scale.py). Must run
-  before the CPU client exists; returns False, changing nothing, after.
-  It does not touch GPU or TPU devices.
+  before the CPU client exists; returns False, changing nothing, after,
+  and when XLA_FLAGS sets --xla_force_host_platform_device_count (the
+  user's count stands). It does not touch GPU or TPU devices.
   """
   from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
-  if xla_bridge.backends_are_initialized():
+  if (xla_bridge.backends_are_initialized()
+      or "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")):
     return False
   jax.config.update("jax_num_cpu_devices", max(1, count))
   return True

@@ -24,6 +24,8 @@ flags.DEFINE_integer("total_steps", 500_000, "Env steps per seed.")
 flags.DEFINE_integer("num_seeds", 3, "Seeds vmapped in each game's run (from seed 0).")
 flags.DEFINE_integer("eval_every", 100_000, "Env steps between evaluations (the curves).")
 flags.DEFINE_bool("one_cpu_core", False, "Pass --one_cpu_core to the runs (leaves a core free).")
+flags.DEFINE_list("run_flags", [], "More launch.run_dqn flags for every run, after the preset's "
+                  "(e.g. --run_flags=--eval_epsilon=0.001).")
 flags.DEFINE_string("logdir", "runs/bench_minatar", "Where the runs write their logs.")
 flags.DEFINE_string("out", "bench/results/minatar.md", "Markdown table to write.")
 FLAGS = flags.FLAGS
@@ -39,6 +41,7 @@ def run_game(game: str) -> dict:
          f"--logdir={logdir}", "--quiet", "--nosave_checkpoints"]
   if FLAGS.one_cpu_core:
     cmd.append("--one_cpu_core")
+  cmd += FLAGS.run_flags
   subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
   with open(os.path.join(ROOT, logdir, "summary.json")) as f:
     return json.load(f)

@@ -34,6 +34,14 @@ FLAGS = flags.FLAGS
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _write(lines, device_kind: str) -> None:
+  with open(os.path.join(ROOT, FLAGS.out), "w") as f:
+    f.write(f"Command: `python bench/seeds_scale.py --envs={','.join(FLAGS.envs)} "
+            f"--num_seeds={','.join(FLAGS.num_seeds)} --cpu_devices={','.join(FLAGS.cpu_devices)} "
+            f"--total_steps={FLAGS.total_steps}`; device: {device_kind}\n\n")
+    f.write("\n".join(lines) + "\n")
+
+
 def main(argv):
   del argv
   lines = ["| env | --num_seeds | --cpu_devices | devices used | backend | wall s | compile s "
@@ -61,11 +69,7 @@ def main(argv):
               f"{s['wall_s'] / base['wall_s']:.2f} |")
       print(line, flush=True)
       lines.append(line)
-  with open(os.path.join(ROOT, FLAGS.out), "w") as f:
-    f.write(f"Command: `python bench/seeds_scale.py --envs={','.join(FLAGS.envs)} "
-            f"--num_seeds={','.join(FLAGS.num_seeds)} --cpu_devices={','.join(FLAGS.cpu_devices)} "
-            f"--total_steps={FLAGS.total_steps}`\n\n")
-    f.write("\n".join(lines) + "\n")
+      _write(lines, s.get("device_kind", ""))  # After every row: a run cut short keeps them.
   print(f"compared: aggregate anakin env steps/s per --num_seeds against 1 seed, "
         f"{FLAGS.total_steps} steps per seed. Table: {FLAGS.out}")
 

@@ -275,9 +275,9 @@ for name, seed, num_seeds in (("pair", 0, 2), ("alone", 1, 1)):
   out[name] = {"seed_devices": summary["seed_devices"],
                "params": [np.asarray(x).tolist() for x in jax.tree.leaves(params)]}
 from agents.dqn.anakin import _seed_mesh
-out["mesh_sizes"] = [_seed_mesh(n, cpu_devices, torso).size for n, cpu_devices, torso in
+out["mesh_sizes"] = [_seed_mesh(*args).size for args in
                      ((2, 0, "mlp"), (2, 0, "minatar_conv"), (3, 0, "mlp"), (4, 1, "mlp"),
-                      (4, 2, "nature_conv"))]
+                      (4, 2, "nature_conv"), (2, 0, "mlp", None, True), (2, 1, "mlp", 2))]
 print(json.dumps({"devices": len(jax.devices()), **out}))
 """
 
@@ -287,14 +287,16 @@ def test_seeds_split_over_cpu_devices_keep_each_seed_its_own(tmp_path):
   seed 1 of a pair split over two devices trains what seed 1 trains alone (to float rounding:
   the split program is compiled apart), and its checkpoint saves and reads back."""
   result = subprocess.run([sys.executable, "-c", _SPLIT_SEEDS_SCRIPT, str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})  # CPU devices, also on a GPU host.
   assert result.returncode == 0, result.stderr[-2000:]
   out = json.loads(result.stdout.splitlines()[-1])
   assert out["devices"] == 2  # Made by the first run (2 seeds), before the CPU client existed.
   pair, alone = out["pair"], out["alone"]
   assert pair["seed_devices"] == 2 and alone["seed_devices"] == 1
-  # Auto: every device for MLP torsos, one for conv torsos; never an uneven split.
-  assert out["mesh_sizes"] == [2, 1, 1, 1, 2]
+  # Auto: every device for MLP torsos, one for conv torsos or under --one_cpu_core; never
+  # an uneven split; a resume keeps its checkpoint's split.
+  assert out["mesh_sizes"] == [2, 1, 1, 1, 2, 1, 2]
   for in_pair, by_itself in zip(pair["params"], alone["params"]):
     in_pair, by_itself = np.asarray(in_pair), np.asarray(by_itself)
     np.testing.assert_allclose(in_pair[1], by_itself[0], rtol=1e-4, atol=1e-6)

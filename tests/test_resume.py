@@ -100,8 +100,11 @@ def test_anakin_sigkill_after_a_checkpoint_then_resume_is_exact(tmp_path):
   result = run_dqn(f"--logdir={killed}", *args, kill_at=resume_step + 1)
   assert result.returncode == -signal.SIGKILL
   assert max(int(d) for d in os.listdir(killed / "checkpoints")) == resume_step
-  result = run_dqn(f"--logdir={killed}", *args, "--resume")
+  # The 2 seeds ran split over 2 CPU devices; asked for 1, the resume keeps the checkpoint's 2.
+  result = run_dqn(f"--logdir={killed}", *args, "--resume", "--cpu_devices=1")
   assert result.returncode == 0, result.stderr[-3000:]
+  assert "the resume keeps 2" in result.stderr, result.stderr[-3000:]
+  assert _summary(full)["seed_devices"] == _summary(killed)["seed_devices"] == 2
   _assert_same_run(full, killed, resumed_from=resume_step)
   assert (_summary(full)["params_checksum_per_seed"]
           == _summary(killed)["params_checksum_per_seed"])

@@ -16,7 +16,7 @@ import math
 import os
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import jax
 import numpy as np
@@ -66,8 +66,13 @@ class AnakinPlan:
             "iterations_per_chunk": self.iterations_per_chunk}
 
 
-def _check_resumable_plan(run_checkpoints, plan: AnakinPlan) -> None:
-  """The newest checkpoint's chunking must be this run's (one compiled chunk, same budget)."""
+def _check_resumable_plan(run_checkpoints, plan: AnakinPlan) -> Optional[int]:
+  """The newest checkpoint's chunking must be this run's (one compiled chunk, same budget).
+
+  Returns how many devices the checkpoint's run split its seeds over (1
+  for checkpoints written before runs split them), or None when its
+  metadata cannot be read.
+  """
   step = run_checkpoints.checkpointer.latest_step()
   if step is None:  # Said before compiling, not after.
     raise checkpointing.CheckpointError(
@@ -76,7 +81,7 @@ def _check_resumable_plan(run_checkpoints, plan: AnakinPlan) -> None:
   try:
     meta = run_checkpoints.checkpointer.read_meta(step)
   except (OSError, ValueError):
-    return  # The restore deals with unreadable checkpoints.
+    return None  # The restore deals with unreadable checkpoints.
   saved = meta.get("plan")
   if saved is not None and saved != plan.as_dict():
     experiment = meta.get("experiment", {})
@@ -88,6 +93,7 @@ def _check_resumable_plan(run_checkpoints, plan: AnakinPlan) -> None:
         f"{plan.num_chunks} of {plan.iterations_per_chunk}. In anakin mode --log_every, "
         "--eval_every, --checkpoint_every and --total_steps set the chunks of the compiled "
         f"program: resume with the checkpoint's values ({flags_text}).")
+  return int(meta.get("seed_devices", 1))
 
 
 def _compile_in_background(lowered) -> concurrent.futures.Future:
@@ -97,21 +103,35 @@ def _compile_in_background(lowered) -> concurrent.futures.Future:
   return future
 
 
-def _seed_mesh(num_seeds: int, cpu_devices: int, torso: str) -> jax.sharding.Mesh:
-  """The local devices the seeds are split over: at most as many as divide `num_seeds` evenly.
+def _seed_mesh(num_seeds: int, cpu_devices: int, torso: str,
+               saved_devices: Optional[int] = None,
+               one_cpu_core: bool = False) -> jax.sharding.Mesh:
+  """The local devices the seeds are split over: the most, up to a cap, that divide `num_seeds`.
 
-  On the CPU, `--cpu_devices` caps them; 0 means one per seed for MLP
-  torsos and one device for conv torsos. Measured on 2 cores: 16 seeds of
-  the PureJaxRL CartPole preset ran 1.8x as fast on 16 devices as on one
-  (tiny ops, one thread each, so seeds on parallel threads gain), while 3
-  MinAtar seeds ran 0.81x as fast on 3 devices (their conv ops already
-  use both cores inside one program).
+  On the CPU the cap is `--cpu_devices`; 0 means one device per seed for
+  MLP torsos, and one device for conv torsos or under `--one_cpu_core`
+  (whose one thread every device would share). Measured on 2 cores: 16
+  seeds of the PureJaxRL CartPole preset ran 1.8x as fast on 16 devices
+  as on one (tiny ops, one thread each, so seeds on parallel threads
+  gain), while 3 MinAtar seeds ran 0.81x as fast on 3 devices (their conv
+  ops already use both cores inside one program). A resumed run keeps its
+  checkpoint's split (`saved_devices`): another split is another compiled
+  program, and the resume would not be exact.
   """
   devices = jax.local_devices()
   if jax.default_backend() == "cpu":
-    wanted = cpu_devices or (len(devices) if torso == "mlp" else 1)
+    auto = 1 if one_cpu_core or torso != "mlp" else len(devices)
+    wanted = saved_devices or cpu_devices or auto
+    if saved_devices and cpu_devices and cpu_devices != saved_devices:
+      print(f"warning: --cpu_devices={cpu_devices}, but the checkpoint's run split its seeds "
+            f"over {saved_devices} devices; the resume keeps {saved_devices} (exact resume).",
+            file=sys.stderr)
     devices = devices[:wanted]
   count = max(d for d in range(1, len(devices) + 1) if num_seeds % d == 0)
+  if cpu_devices and count < min(cpu_devices, num_seeds) and not saved_devices:
+    print(f"warning: --cpu_devices={cpu_devices}: the {num_seeds} seeds split evenly over "
+          f"{count} device(s) ({len(jax.local_devices())} exist); pick --num_seeds a multiple "
+          "of --cpu_devices to use them all.", file=sys.stderr)
   return jax.sharding.Mesh(np.array(devices[:count]), ("seeds",))
 
 
@@ -140,15 +160,17 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
     raise ConfigError(str(error)) from error
   trainer = builder.make_anakin(env, networks, experiment.eval_episodes)
   plan = AnakinPlan(trainer, config, experiment)
+  saved_devices = None
   if experiment.resume:  # Before compiling: a plan that differs costs seconds, not a compile.
-    _check_resumable_plan(checkpoints.RunCheckpoints(experiment, config), plan)
+    saved_devices = _check_resumable_plan(checkpoints.RunCheckpoints(experiment, config), plan)
   num_seeds = experiment.num_seeds
   seeds = [experiment.seed + i for i in range(num_seeds)]
   train_keys = np.stack([np.asarray(jax.random.PRNGKey(s)) for s in seeds])
   # Evaluation has its own stream per seed (as local mode's eval env seed + 1e6).
   eval_keys = np.stack([np.asarray(jax.random.PRNGKey(s + 1_000_000)) for s in seeds])
   mesh = _seed_mesh(num_seeds, experiment.cpu_devices,
-                    networks_lib.choose_torso(env.spec.observations.shape, config.torso))
+                    networks_lib.choose_torso(env.spec.observations.shape, config.torso),
+                    saved_devices, experiment.one_cpu_core)
   init = jax.jit(_per_device(jax.vmap(trainer.init), mesh, P("seeds")))
   state_shape = jax.eval_shape(init, train_keys)
   chunk_fn = _per_device(
@@ -217,7 +239,7 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
         "chunks": chunks, "learner_steps": learner_steps, "eval_rows": eval_rows,
         "last_row": last_row, "plan": plan.as_dict()}, {
             "run_mode": "anakin", "learner_steps": learner_steps, "num_seeds": num_seeds,
-            "replay_saved": True, "plan": plan.as_dict(),
+            "replay_saved": True, "plan": plan.as_dict(), "seed_devices": mesh.size,
             "nonfinite_updates": int(np.sum(jax.device_get(state.learner.nonfinite_updates)))},
         params=jax.device_get(state.learner.online_params))
 

@@ -51,7 +51,9 @@ class ExperimentConfig:
     cpu_devices: XLA CPU devices an anakin run splits its seeds over, each
       running its block of seeds as its own program on its own thread (0:
       one per seed with an MLP torso, up to `utils.MAX_AUTO_CPU_DEVICES`,
-      and one with a conv torso; see agents/dqn/anakin.py `_seed_mesh`).
+      and one with a conv torso or `one_cpu_core`; the seeds split evenly,
+      so over the most devices that divide `num_seeds`; see
+      agents/dqn/anakin.py `_seed_mesh`).
       No effect on GPUs or TPUs.
     save_checkpoints: save orbax checkpoints (at the end, every
       `checkpoint_every` env steps, and on SIGTERM / Ctrl-C).
@@ -181,8 +183,10 @@ def run_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str,
     # reads the dispatch setting only then.
     utils.configure_cpu_dispatch(config.num_envs)
   if experiment.run_mode == "anakin":  # Also before the CPU client exists.
-    utils.set_cpu_devices(experiment.cpu_devices or
-                          min(experiment.num_seeds, utils.MAX_AUTO_CPU_DEVICES))
+    # Devices for one seed each (a resume may need its checkpoint's split);
+    # agents/dqn/anakin.py picks how many the seeds split over.
+    utils.set_cpu_devices(max(experiment.cpu_devices,
+                              min(experiment.num_seeds, utils.MAX_AUTO_CPU_DEVICES)))
   if experiment.one_cpu_core:
     utils.run_xla_on_one_cpu_core()
   if experiment.run_mode == "anakin":
@@ -223,6 +227,7 @@ def base_summary(experiment: ExperimentConfig, config: DQNConfig, *, env_steps: 
       "experiment": dataclasses.asdict(experiment),
       "versions": {"jax": jax.__version__, "python": platform.python_version()},
       "backend": jax.default_backend(),
+      "device_kind": jax.devices()[0].device_kind,
       **(_network_summary(spec, config) if spec is not None else {}),
   }
 
