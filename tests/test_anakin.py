@@ -301,3 +301,25 @@ def test_seeds_split_over_cpu_devices_keep_each_seed_its_own(tmp_path):
     in_pair, by_itself = np.asarray(in_pair), np.asarray(by_itself)
     np.testing.assert_allclose(in_pair[1], by_itself[0], rtol=1e-4, atol=1e-6)
     assert np.max(np.abs(in_pair[0] - in_pair[1])) > 1e-3  # Seed 0 is another run.
+
+
+_GYMNAX_IMPORT_SCRIPT = """
+import sys
+import matplotlib
+from acme_jax_dqn.envs import gymnax_adapter
+gymnax_adapter.make_gymnax("CartPole-v1")
+loaded = [name for name in gymnax_adapter.RENDER_ONLY_MODULES if name in sys.modules]
+from gymnax.environments.misc import pong
+palette = pong.sns.color_palette()  # The stand-in imports seaborn on first use.
+import seaborn
+import matplotlib.pyplot as plt
+print(loaded, type(seaborn).__name__ == "module" and "color_palette" in vars(seaborn),
+      len(palette) > 0, pong.plt.figure is plt.figure)
+"""
+
+
+def test_gymnax_imports_without_its_render_only_modules_which_still_work_on_use():
+  result = subprocess.run([sys.executable, "-c", _GYMNAX_IMPORT_SCRIPT], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.split("\n")[-2] == "[] True True True", result.stdout
