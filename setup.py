@@ -12,7 +12,7 @@ setuptools.setup(
     description="A DQN-family kit for JAX in the style of Acme: Haiku, rlax, optax, flashbax.",
     packages=setuptools.find_packages(include=["acme_jax_dqn*", "agents*", "launch*"]),
     package_data={"launch": ["configs/*.cfg"]},
-    python_requires=">=3.10",
+    python_requires=">=3.11",  # As jax>=0.7.
     install_requires=[
         "jax>=0.7.0",  # jax.shard_map(check_vma=...) splits anakin seeds over devices.
         "dm-haiku>=0.0.13",

@@ -60,8 +60,8 @@ def define_flags() -> None:
                        "are split over, each block of seeds its own program on its own thread "
                        "(0: one per seed, up to 64, with an MLP torso; one with a conv torso, "
                        "whose ops use every core already, or with --one_cpu_core). Seeds split "
-                       "evenly: over the most devices that divide --num_seeds. 16 seeds of the PureJaxRL preset ran 1.8x "
-                       "as fast on 16 devices as on 1 (2 cores).")
+                       "evenly: over the most devices that divide --num_seeds. 16 seeds of the "
+                       "PureJaxRL preset ran 1.8x as fast on 16 devices as on 1 (2 cores).")
   flags.DEFINE_bool("save_checkpoints", True, "Save orbax checkpoints: at the end, every "
                     "--checkpoint_every env steps, and on SIGTERM / Ctrl-C.")
   flags.DEFINE_string("checkpoint_dir", "", "Checkpoint directory (default <logdir>/checkpoints).")

@@ -3,8 +3,8 @@
 `run_anakin_experiment` builds `acme_jax_dqn.anakin` from the `DQNBuilder`,
 vmaps it over `num_seeds` seeds, splits the seeds over the local devices
 (`shard_map`: each device runs its block, with no cross-device work; on
-the CPU, `--cpu_devices` makes the devices), compiles the init and the training chunk
-ahead of time (that is `compile_s`; the evaluation compiles in a
+the CPU, `--cpu_devices` makes the devices), compiles the init and the
+training chunk ahead of time (that is `compile_s`; the evaluation compiles in a
 background thread while training runs), then runs the chunks: each is one
 call on the device, after which one row of metrics comes back for the
 terminal and train.csv.

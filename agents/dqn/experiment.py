@@ -133,8 +133,8 @@ class ExperimentConfig:
           "program, which needs --run_mode=anakin (and a gymnax environment); in "
           "local mode run one seed per process with --seed.")
     if self.cpu_devices < 0:
-      raise ValueError(f"--cpu_devices={self.cpu_devices}: must be 0 (one per seed) or "
-                       "positive.")
+      raise ValueError(f"--cpu_devices={self.cpu_devices}: must be 0 (the default split) "
+                       "or positive.")
     if self.num_actors < 1:
       raise ValueError(f"--num_actors={self.num_actors}: the distributed program needs at "
                        "least 1 actor node.")
