@@ -29,7 +29,7 @@ class GymnaxEnv(NamedTuple):
 
 
 # Imported by gymnax's modules for rendering only (its Pong imports both):
-# 1.4-1.9 s of its 2.0-2.5 s import on this 2-core machine, with jax loaded.
+# 1.4-2.0 s of its 2.0-2.5 s import on this 2-core machine, with jax loaded.
 RENDER_ONLY_MODULES = ("seaborn", "matplotlib.pyplot")
 
 

@@ -301,7 +301,7 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
                          steps_this_start=plan.env_steps - first_step)
   learn_env_steps = plan.env_steps - plan.fill_env_steps - config.min_replay_size
   steps_all_seeds = (plan.env_steps - first_step) * num_seeds
-  online_params = state.learner.online_params
+  online_params = jax.device_get(state.learner.online_params)  # Once, not per seed.
   summary.update(
       train_return_recent=last_row.get("return_recent", math.nan),
       num_seeds=num_seeds,
