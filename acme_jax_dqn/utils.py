@@ -1,5 +1,6 @@
-"""Small helpers: packing pytrees into few arrays, and CPU dispatch settings."""
+"""Small helpers: packing pytrees into few arrays, CPU dispatch settings, the PRNG in use."""
 
+import contextlib
 import os
 from typing import Any, Dict, List, Tuple
 
@@ -115,6 +116,23 @@ def set_cpu_devices(count: int) -> bool:
     return False
   jax.config.update("jax_num_cpu_devices", max(1, count))
   return True
+
+
+@contextlib.contextmanager
+def prng_impl(name: str):
+  """Within the block, keys made without an explicit implementation use JAX's `name`.
+
+  `jax.random.PRNGKey(seed)` then gives `name`'s raw key (uint32[2] for
+  threefry2x32, uint32[4] for rbg and unsafe_rbg) and every split, fold and
+  draw on it traces with that implementation. The earlier default comes back
+  on exit, so a run embedded in a longer process leaves it as it was.
+  """
+  previous = jax.config.jax_default_prng_impl
+  jax.config.update("jax_default_prng_impl", name)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_default_prng_impl", previous)
 
 
 def run_xla_on_one_cpu_core() -> bool:

@@ -41,6 +41,7 @@ def main(argv):
     utils.run_xla_on_one_cpu_core()
   config = launch_flags.config_from_flags()
   experiment = launch_flags.experiment_from_flags()
+  jax.config.update("jax_default_prng_impl", experiment.prng_impl)  # The run's PRNG (--prng_impl).
   env = envs.make_jax_environment(experiment.env)
   builder = DQNBuilder(config)
   trainer = builder.make_anakin(env, builder.make_networks(env.spec))

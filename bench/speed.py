@@ -34,6 +34,8 @@ flags.DEFINE_string("out", "bench/results/speed.md", "Markdown table to write.")
 flags.DEFINE_enum("mode", "local", ["local", "anakin"], "Which run mode to time.")
 flags.DEFINE_float("purejaxrl_sps", 49_600.0, "PureJaxRL dqn.py env steps/s after compile (reference).")
 flags.DEFINE_float("purejaxrl_wall_s", 4.96, "PureJaxRL dqn.py wall s for 100,000 steps, compile incl.")
+flags.DEFINE_list("extra_flags", [], "More launch.run_dqn flags for every run (and the anakin "
+                  "floor), e.g. --extra_flags=--prng_impl=unsafe_rbg.")
 FLAGS = flags.FLAGS
 ANAKIN_CFG = "launch/configs/cartpole_anakin_purejaxrl.cfg"
 
@@ -42,7 +44,8 @@ GOALS = {1: 1.5, 8: 3.0}
 
 
 def _run(args, logdir):
-  subprocess.run([sys.executable, "-m", "launch.run_dqn", *args, f"--logdir={logdir}", "--quiet", "--nosave_checkpoints"],
+  subprocess.run([sys.executable, "-m", "launch.run_dqn", *args, *FLAGS.extra_flags,
+                  f"--logdir={logdir}", "--quiet", "--nosave_checkpoints"],
                  cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
   with open(os.path.join(ROOT, logdir, "summary.json")) as f:
     return json.load(f)
@@ -51,14 +54,15 @@ def _run(args, logdir):
 def _floor(extra):
   out = subprocess.run(
       [sys.executable, "bench/anakin_floor.py", f"--flagfile={ANAKIN_CFG}",
-       f"--total_steps={FLAGS.total_steps}", *extra], cwd=ROOT, check=True,
+       f"--total_steps={FLAGS.total_steps}", *extra, *FLAGS.extra_flags], cwd=ROOT, check=True,
       capture_output=True, text=True)
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main_anakin():
   base = [f"--flagfile={ANAKIN_CFG}", f"--total_steps={FLAGS.total_steps}"]
-  lines = [f"Command: `python bench/speed.py --mode=anakin` ({os.cpu_count()} cores", "",
+  shown = "".join(f" --extra_flags={f}" for f in FLAGS.extra_flags)
+  lines = [f"Command: `python bench/speed.py --mode=anakin{shown}` ({os.cpu_count()} cores", "",
            "| run | env steps | wall s | compile s | sps (all) | sps after compile | "
            f"x PureJaxRL ({FLAGS.purejaxrl_sps:,.0f}) | wall vs PureJaxRL ({FLAGS.purejaxrl_wall_s} s) |",
            "|---|---|---|---|---|---|---|---|"]
@@ -92,7 +96,8 @@ def main_anakin():
   print(f"compared: anakin {ANAKIN_CFG} ({FLAGS.total_steps} steps) against PureJaxRL dqn.py's "
         f"quoted {FLAGS.purejaxrl_sps:,.0f} sps / {FLAGS.purejaxrl_wall_s} s (not run here) and "
         "against its own SGD + acting floor measured above.")
-  with open(os.path.join(ROOT, "bench/results/speed_anakin.md"), "w") as f:
+  out = FLAGS.out if FLAGS["out"].present else "bench/results/speed_anakin.md"
+  with open(os.path.join(ROOT, out), "w") as f:
     f.write("\n".join(lines) + "\n")
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from acme_jax_dqn import anakin
+from acme_jax_dqn import checkpointing
 from acme_jax_dqn import envs
 from acme_jax_dqn import specs
 from acme_jax_dqn.adders import NStepTransitionAdder
@@ -166,6 +167,34 @@ def test_anakin_runs_are_deterministic_differ_across_seeds_and_learn(tmp_path):
                 "eval_episodes", "config", "eval_return_per_seed"):
     assert field in on_disk
   assert on_disk["run_mode"] == "anakin"
+
+
+def test_prng_impl_draws_other_streams_restores_jax_default_and_guards_resume(tmp_path):
+  runs = {}
+  for impl in ("unsafe_rbg", "threefry2x32"):
+    experiment = ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin", total_steps=2000,
+                                  logdir=str(tmp_path / impl), eval_episodes=2, log_every=1000,
+                                  quiet=True, prng_impl=impl)
+    runs[impl] = run_experiment(experiment, _tiny_config(num_envs=2, min_replay_size=200))
+    # The run's PRNG applies within it; JAX's default is back afterwards.
+    assert jax.config.jax_default_prng_impl == "threefry2x32"
+    assert jax.random.PRNGKey(0).shape == (2,)
+  assert runs["unsafe_rbg"]["prng_impl"] == "unsafe_rbg"
+  # Other keys, other episodes: the two runs' learner losses differ.
+  losses = {}
+  for impl in runs:
+    with open(tmp_path / impl / "train.csv") as f:
+      header, *rows = [line.split(",") for line in f.read().splitlines()]
+    losses[impl] = [row[header.index("loss")] for row in rows]
+  assert losses["unsafe_rbg"] != losses["threefry2x32"]
+  # A resume with another PRNG is refused before compiling, naming the fix.
+  with pytest.raises(checkpointing.CheckpointError, match="Resume with --prng_impl=unsafe_rbg"):
+    run_experiment(ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin",
+                                    total_steps=2000, logdir=str(tmp_path / "unsafe_rbg"),
+                                    quiet=True, eval_episodes=2, log_every=1000, resume=True),
+                   _tiny_config(num_envs=2, min_replay_size=200))
+  with pytest.raises(ValueError, match="--prng_impl='philox'"):
+    ExperimentConfig(prng_impl="philox")
 
 
 def test_evaluations_land_on_the_chunk_end_nearest_each_multiple_of_eval_every(tmp_path):

@@ -67,7 +67,7 @@ class AnakinPlan:
 
 
 def _check_resumable_plan(run_checkpoints, plan: AnakinPlan) -> Optional[int]:
-  """The newest checkpoint's chunking must be this run's (one compiled chunk, same budget).
+  """The newest checkpoint's chunking and PRNG must be this run's (one compiled chunk, same keys).
 
   Returns how many devices the checkpoint's run split its seeds over (1
   for checkpoints written before runs split them), or None when its
@@ -82,6 +82,13 @@ def _check_resumable_plan(run_checkpoints, plan: AnakinPlan) -> Optional[int]:
     meta = run_checkpoints.checkpointer.read_meta(step)
   except (OSError, ValueError):
     return None  # The restore deals with unreadable checkpoints.
+  saved_impl = meta.get("experiment", {}).get("prng_impl", "threefry2x32")
+  run_impl = run_checkpoints.experiment.prng_impl
+  if saved_impl != run_impl:
+    raise checkpointing.CheckpointError(
+        f"--resume: the checkpoint's run drew its keys with --prng_impl={saved_impl} and this "
+        f"run asks for --prng_impl={run_impl}; their keys have other shapes and streams. "
+        f"Resume with --prng_impl={saved_impl}.")
   saved = meta.get("plan")
   if saved is not None and saved != plan.as_dict():
     experiment = meta.get("experiment", {})

@@ -19,7 +19,7 @@ from acme_jax_dqn import checkpointing
 from agents.dqn.config import ConfigError, DQNConfig
 
 # Flags a resumed run must share with the checkpoint's run (else it would be another run).
-_SAME_EXPERIMENT_FIELDS = ("env", "run_mode", "num_seeds", "seed")
+_SAME_EXPERIMENT_FIELDS = ("env", "run_mode", "num_seeds", "seed", "prng_impl")
 _SAME_CONFIG_FIELDS = ("num_envs", "n_step")
 # Experiment fields that never matter for the resumed computation.
 _RUN_ONLY_FIELDS = ("logdir", "quiet", "resume", "checkpoint_dir", "checkpoint_every",
@@ -110,6 +110,10 @@ class RunCheckpoints:
     self._restored_learner_steps = 0
     kill_at = os.environ.get(SIGKILL_AT_STEP_VAR)
     self._kill_at = int(kill_at) if kill_at else None
+
+  @property
+  def experiment(self):
+    return self._experiment
 
   @property
   def directory(self) -> str:

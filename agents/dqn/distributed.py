@@ -452,13 +452,18 @@ def _start_ray(address: str):
   except ImportError:
     raise ConfigError("--run_mode=distributed runs on Ray, which is not installed: "
                       "pip install -e '.[distributed]' (or pip install 'ray>=2.9').") from None
+  # The nodes' processes make their keys with the run's PRNG (--prng_impl), which
+  # JAX reads from this variable at import; JAX's default needs no runtime env.
+  impl = jax.config.jax_default_prng_impl
+  runtime_env = {"env_vars": {"JAX_DEFAULT_PRNG_IMPL": impl}} if impl != "threefry2x32" else None
   if address:
     _check_address(address)
-    ray.init(address=address, log_to_driver=False, configure_logging=False)
+    ray.init(address=address, log_to_driver=False, configure_logging=False,
+             runtime_env=runtime_env)
     return ray, False
   os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # A private Ray on this machine.
   ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-           configure_logging=False)
+           configure_logging=False, runtime_env=runtime_env)
   return ray, True
 
 

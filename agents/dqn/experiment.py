@@ -23,6 +23,8 @@ from agents.dqn.config import ConfigError, DQNConfig
 from agents.dqn.local import LocalAgent
 
 RUN_MODES = ("local", "anakin", "distributed")
+# JAX's PRNG implementations (`jax_default_prng_impl`); threefry2x32 is JAX's default.
+PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 WANDB_MODES = ("offline", "online", "disabled")
 PROGRESS_EVERY = 1000  # Env steps between progress-bar updates of the local loop.
 
@@ -55,6 +57,13 @@ class ExperimentConfig:
       so over the most devices that divide `num_seeds`; see
       agents/dqn/anakin.py `_seed_mesh`).
       No effect on GPUs or TPUs.
+    prng_impl: JAX's PRNG implementation for every key of the run:
+      "threefry2x32" (JAX's default), "rbg" or "unsafe_rbg" (XLA's
+      RngBitGenerator: less to compile; "unsafe_rbg" also splits keys
+      without threefry, with no guarantee on the quality of split streams).
+      Other random streams, so other runs; keys are uint32[4] instead of
+      uint32[2], so a checkpoint resumes only with the implementation that
+      made it.
     save_checkpoints: save orbax checkpoints (at the end, every
       `checkpoint_every` env steps, and on SIGTERM / Ctrl-C).
     checkpoint_dir: where checkpoints go ("" is `<logdir>/checkpoints`).
@@ -94,6 +103,7 @@ class ExperimentConfig:
   compilation_cache_dir: str = ""
   one_cpu_core: bool = False
   cpu_devices: int = 0
+  prng_impl: str = "threefry2x32"
   save_checkpoints: bool = True
   checkpoint_dir: str = ""
   checkpoint_every: int = 0
@@ -135,6 +145,8 @@ class ExperimentConfig:
     if self.cpu_devices < 0:
       raise ValueError(f"--cpu_devices={self.cpu_devices}: must be 0 (the default split) "
                        "or positive.")
+    if self.prng_impl not in PRNG_IMPLS:
+      raise ValueError(f"--prng_impl={self.prng_impl!r}: must be one of {PRNG_IMPLS}.")
     if self.num_actors < 1:
       raise ValueError(f"--num_actors={self.num_actors}: the distributed program needs at "
                        "least 1 actor node.")
@@ -189,13 +201,14 @@ def run_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str,
                               min(experiment.num_seeds, utils.MAX_AUTO_CPU_DEVICES)))
   if experiment.one_cpu_core:
     utils.run_xla_on_one_cpu_core()
-  if experiment.run_mode == "anakin":
-    from agents.dqn.anakin import run_anakin_experiment  # Imports gymnax only when asked.
-    return run_anakin_experiment(experiment, config)
-  if experiment.run_mode == "distributed":
-    from agents.dqn.distributed import run_distributed_experiment  # Imports ray only when asked.
-    return run_distributed_experiment(experiment, config)
-  return run_local_experiment(experiment, config)
+  with utils.prng_impl(experiment.prng_impl):  # Every key of the run, then back as it was.
+    if experiment.run_mode == "anakin":
+      from agents.dqn.anakin import run_anakin_experiment  # Imports gymnax only when asked.
+      return run_anakin_experiment(experiment, config)
+    if experiment.run_mode == "distributed":
+      from agents.dqn.distributed import run_distributed_experiment  # Imports ray when asked.
+      return run_distributed_experiment(experiment, config)
+    return run_local_experiment(experiment, config)
 
 
 def base_summary(experiment: ExperimentConfig, config: DQNConfig, *, env_steps: int,
@@ -228,6 +241,7 @@ def base_summary(experiment: ExperimentConfig, config: DQNConfig, *, env_steps: 
       "versions": {"jax": jax.__version__, "python": platform.python_version()},
       "backend": jax.default_backend(),
       "device_kind": jax.devices()[0].device_kind,
+      "prng_impl": experiment.prng_impl,
       **(_network_summary(spec, config) if spec is not None else {}),
   }
 
