@@ -63,10 +63,11 @@ def define_flags() -> None:
                        "evenly: over the most devices that divide --num_seeds. 16 seeds of the "
                        "PureJaxRL preset ran 1.8x as fast on 16 devices as on 1 (2 cores).")
   flags.DEFINE_enum("prng_impl", experiment_defaults.prng_impl, list(PRNG_IMPLS),
-                    "JAX's PRNG for every key of the run. rbg and unsafe_rbg (XLA's "
-                    "RngBitGenerator) compile faster than threefry2x32, JAX's default: the "
-                    "fast CartPole preset's cold compile was 2-3 s shorter. Other random "
-                    "streams, so other runs; a checkpoint resumes only with its own.")
+                    "JAX's PRNG for every key of the run: threefry2x32 (JAX's default), rbg "
+                    "or unsafe_rbg (XLA's RngBitGenerator; unsafe_rbg also splits keys "
+                    "without threefry). With unsafe_rbg the fast CartPole preset's cold "
+                    "compile was 2.4-4.6 s shorter. Other random streams, so other runs; a "
+                    "checkpoint resumes only with its own.")
   flags.DEFINE_bool("save_checkpoints", True, "Save orbax checkpoints: at the end, every "
                     "--checkpoint_every env steps, and on SIGTERM / Ctrl-C.")
   flags.DEFINE_string("checkpoint_dir", "", "Checkpoint directory (default <logdir>/checkpoints).")
