@@ -125,7 +125,11 @@ def prng_impl(name: str):
   `jax.random.PRNGKey(seed)` then gives `name`'s raw key (uint32[2] for
   threefry2x32, uint32[4] for rbg and unsafe_rbg) and every split, fold and
   draw on it traces with that implementation. The earlier default comes back
-  on exit, so a run embedded in a longer process leaves it as it was.
+  on exit, so a run embedded in a longer process leaves it as it was. JAX's
+  jit cache does not key on this setting: a jitted function kept across
+  runs with different implementations but same-shaped keys (rbg and
+  unsafe_rbg) would keep the first; the kit makes its jitted functions
+  per run.
   """
   previous = jax.config.jax_default_prng_impl
   jax.config.update("jax_default_prng_impl", name)

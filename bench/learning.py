@@ -65,8 +65,8 @@ def run_anakin(preset: str) -> dict:
   logdir = os.path.join(FLAGS.logdir, f"{preset}_anakin")
   cmd = [sys.executable, "-m", "launch.run_dqn", f"--flagfile=launch/configs/{preset}.cfg",
          f"--env={FLAGS.anakin_env}", "--run_mode=anakin", f"--num_seeds={FLAGS.num_seeds}",
-         "--seed=0", f"--logdir={logdir}", "--quiet", "--nosave_checkpoints", f"--eval_every={FLAGS.eval_every}",
-         *FLAGS.extra_flags]
+         "--seed=0", f"--logdir={logdir}", "--quiet", "--nosave_checkpoints",
+         f"--eval_every={FLAGS.eval_every}", *FLAGS.extra_flags]
   if FLAGS.total_steps:
     cmd.append(f"--total_steps={FLAGS.total_steps}")
   if FLAGS.warm_cache:  # A first run fills the cache; the second, timed, loads it.

@@ -65,10 +65,8 @@ def _floor(extra):
 
 def main_anakin():
   base = [f"--flagfile={ANAKIN_CFG}", f"--total_steps={FLAGS.total_steps}"]
-  shown = "".join(f" --extra_flags={f}" for f in FLAGS.extra_flags)
-  if FLAGS["purejaxrl_sps"].present or FLAGS["purejaxrl_wall_s"].present:
-    shown += f" --purejaxrl_sps={FLAGS.purejaxrl_sps:g} --purejaxrl_wall_s={FLAGS.purejaxrl_wall_s:g}"
-  lines = [f"Command: `python bench/speed.py --mode=anakin{shown}` ({os.cpu_count()} cores", "",
+  shown = " ".join(sys.argv[1:])  # As given, so a rerun of it writes the same file.
+  lines = [f"Command: `python bench/speed.py {shown}` ({os.cpu_count()} cores", "",
            "| run | env steps | wall s | compile s | sps (all) | sps after compile | "
            f"x PureJaxRL ({FLAGS.purejaxrl_sps:,.0f}) | wall vs PureJaxRL ({FLAGS.purejaxrl_wall_s} s) |",
            "|---|---|---|---|---|---|---|---|"]

@@ -57,3 +57,23 @@ def test_one_env_local_run_sets_synchronous_dispatch_before_the_cpu_client_exist
   assert result.returncode == 0, result.stderr[-3000:]
   seen = json.loads(result.stdout.strip().splitlines()[-1])
   assert seen and seen[0] is False, seen
+
+
+def test_local_run_uses_its_prng_and_a_resume_with_another_names_the_flag(tmp_path):
+  import jax  # pylint: disable=import-outside-toplevel
+  import pytest  # pylint: disable=import-outside-toplevel
+  from acme_jax_dqn import checkpointing  # pylint: disable=import-outside-toplevel
+  config = DQNConfig(hidden_sizes=(16,), batch_size=16, min_replay_size=100,
+                     replay_capacity=1000, epsilon_decay_steps=300)
+  make = lambda impl, resume: ExperimentConfig(total_steps=400, logdir=str(tmp_path),
+                                               eval_episodes=1, quiet=True, prng_impl=impl,
+                                               resume=resume)
+  summary = run_experiment(make("unsafe_rbg", False), config)
+  assert summary["prng_impl"] == "unsafe_rbg"
+  assert jax.config.jax_default_prng_impl == "threefry2x32"  # Restored after the run.
+  # The saved learner key is unsafe_rbg's uint32[4]: a threefry run cannot take it.
+  with pytest.raises(checkpointing.CheckpointError, match=r"--prng_impl=threefry2x32 "
+                     r"\(checkpoint: unsafe_rbg\)"):
+    run_experiment(make("threefry2x32", True), config)
+  # With its own PRNG the same checkpoint resumes (its budget is spent: nothing to add).
+  assert run_experiment(make("unsafe_rbg", True), config)["env_steps"] == 400

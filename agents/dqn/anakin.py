@@ -87,7 +87,8 @@ def _check_resumable_plan(run_checkpoints, plan: AnakinPlan) -> Optional[int]:
   if saved_impl != run_impl:
     raise checkpointing.CheckpointError(
         f"--resume: the checkpoint's run drew its keys with --prng_impl={saved_impl} and this "
-        f"run asks for --prng_impl={run_impl}; their keys have other shapes and streams. "
+        f"run asks for --prng_impl={run_impl}: other random streams (and with threefry2x32 "
+        "keys of another shape). "
         f"Resume with --prng_impl={saved_impl}.")
   saved = meta.get("plan")
   if saved is not None and saved != plan.as_dict():

@@ -112,7 +112,7 @@ class RunCheckpoints:
     self._kill_at = int(kill_at) if kill_at else None
 
   @property
-  def experiment(self):
+  def experiment(self) -> Any:
     return self._experiment
 
   @property

@@ -453,9 +453,9 @@ def _start_ray(address: str):
     raise ConfigError("--run_mode=distributed runs on Ray, which is not installed: "
                       "pip install -e '.[distributed]' (or pip install 'ray>=2.9').") from None
   # The nodes' processes make their keys with the run's PRNG (--prng_impl), which
-  # JAX reads from this variable at import; JAX's default needs no runtime env.
-  impl = jax.config.jax_default_prng_impl
-  runtime_env = {"env_vars": {"JAX_DEFAULT_PRNG_IMPL": impl}} if impl != "threefry2x32" else None
+  # JAX reads from this variable at import; set always, so that a value the
+  # driver's environment exports cannot reach the nodes instead.
+  runtime_env = {"env_vars": {"JAX_DEFAULT_PRNG_IMPL": jax.config.jax_default_prng_impl}}
   if address:
     _check_address(address)
     ray.init(address=address, log_to_driver=False, configure_logging=False,
