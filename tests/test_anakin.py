@@ -188,7 +188,8 @@ def test_prng_impl_draws_other_streams_restores_jax_default_and_guards_resume(tm
     losses[impl] = [row[header.index("loss")] for row in rows]
   assert losses["unsafe_rbg"] != losses["threefry2x32"]
   # A resume with another PRNG is refused before compiling, naming the fix.
-  with pytest.raises(checkpointing.CheckpointError, match="Resume with --prng_impl=unsafe_rbg"):
+  with pytest.raises(checkpointing.CheckpointError,
+                     match=r"--prng_impl=threefry2x32 \(checkpoint: unsafe_rbg\)"):
     run_experiment(ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin",
                                     total_steps=2000, logdir=str(tmp_path / "unsafe_rbg"),
                                     quiet=True, eval_episodes=2, log_every=1000, resume=True),

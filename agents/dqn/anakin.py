@@ -67,7 +67,7 @@ class AnakinPlan:
 
 
 def _check_resumable_plan(run_checkpoints, plan: AnakinPlan) -> Optional[int]:
-  """The newest checkpoint's chunking and PRNG must be this run's (one compiled chunk, same keys).
+  """The newest checkpoint's run and chunking must be this run's (one compiled chunk, same budget).
 
   Returns how many devices the checkpoint's run split its seeds over (1
   for checkpoints written before runs split them), or None when its
@@ -82,14 +82,7 @@ def _check_resumable_plan(run_checkpoints, plan: AnakinPlan) -> Optional[int]:
     meta = run_checkpoints.checkpointer.read_meta(step)
   except (OSError, ValueError):
     return None  # The restore deals with unreadable checkpoints.
-  saved_impl = meta.get("experiment", {}).get("prng_impl", "threefry2x32")
-  run_impl = run_checkpoints.experiment.prng_impl
-  if saved_impl != run_impl:
-    raise checkpointing.CheckpointError(
-        f"--resume: the checkpoint's run drew its keys with --prng_impl={saved_impl} and this "
-        f"run asks for --prng_impl={run_impl}: other random streams (and with threefry2x32 "
-        "keys of another shape). "
-        f"Resume with --prng_impl={saved_impl}.")
+  run_checkpoints.check_same_run(meta, step)  # Env, seeds, PRNG, ...: before compiling too.
   saved = meta.get("plan")
   if saved is not None and saved != plan.as_dict():
     experiment = meta.get("experiment", {})

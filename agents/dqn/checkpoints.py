@@ -112,10 +112,6 @@ class RunCheckpoints:
     self._kill_at = int(kill_at) if kill_at else None
 
   @property
-  def experiment(self) -> Any:
-    return self._experiment
-
-  @property
   def directory(self) -> str:
     return self.checkpointer.directory
 
@@ -135,6 +131,24 @@ class RunCheckpoints:
     return (checkpointing.differing_fields(saved_experiment, current_experiment)
             + checkpointing.differing_fields(saved_config, dataclasses.asdict(self._config)))
 
+  def check_same_run(self, meta: Dict[str, Any], step: int) -> None:
+    """Raises CheckpointError when a flag that makes another run differs from checkpoint `step`'s.
+
+    Those are `_SAME_EXPERIMENT_FIELDS` and `_SAME_CONFIG_FIELDS` (env,
+    seeds, PRNG, env copies, n-step); other differing flags only warn.
+    """
+    fixed = self._flag_differences(meta, fields=_SAME_EXPERIMENT_FIELDS) + [
+        d for d in checkpointing.differing_fields(
+            {k: meta.get("config", {}).get(k) for k in _SAME_CONFIG_FIELDS},
+            {k: getattr(self._config, k) for k in _SAME_CONFIG_FIELDS})]
+    fixed = sorted(set(fixed))
+    if fixed:
+      self.checkpointer.close()
+      raise checkpointing.CheckpointError(
+          f"--resume from {self.checkpointer.path(step)}: these flags differ from the "
+          f"checkpoint's run, so it would be another run: {'; '.join(fixed)}. Resume "
+          "with the checkpoint's values, or start a new run in a new --logdir.")
+
   def restore(self, target) -> Tuple[Any, Dict[str, Any], Any]:
     """Restores the newest readable checkpoint into `target`'s structure.
 
@@ -151,17 +165,7 @@ class RunCheckpoints:
 
     arrays, meta, host, step = self.checkpointer.restore(
         checkpointing.abstract_tree(target), explain=explain)
-    fixed = self._flag_differences(meta, fields=_SAME_EXPERIMENT_FIELDS) + [
-        d for d in checkpointing.differing_fields(
-            {k: meta.get("config", {}).get(k) for k in _SAME_CONFIG_FIELDS},
-            {k: getattr(self._config, k) for k in _SAME_CONFIG_FIELDS})]
-    fixed = sorted(set(fixed))
-    if fixed:
-      self.checkpointer.close()
-      raise checkpointing.CheckpointError(
-          f"--resume from {self.checkpointer.path(step)}: these flags differ from the "
-          f"checkpoint's run, so it would be another run: {'; '.join(fixed)}. Resume "
-          "with the checkpoint's values, or start a new run in a new --logdir.")
+    self.check_same_run(meta, step)
     differences = self._flag_differences(meta)
     if differences:
       print("warning: resuming with flags that differ from the checkpoint's run, so the "
