@@ -27,7 +27,7 @@ class LinearSchedule:
   """
   start: float
   end: float
-  decay_steps: int
+  decay_steps: float
 
   def __call__(self, step):
     if self.decay_steps <= 0:
@@ -41,7 +41,7 @@ class LinearSchedule:
     return self.start + (self.end - self.start) * fraction
 
 
-def make_epsilon_schedule(start: float, end: float, decay_steps: int) -> LinearSchedule:
+def make_epsilon_schedule(start: float, end: float, decay_steps: float) -> LinearSchedule:
   """Epsilon decays linearly from `start` to `end` over `decay_steps` env steps."""
   return LinearSchedule(start, end, decay_steps)
 

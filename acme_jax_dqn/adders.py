@@ -25,13 +25,18 @@ class NStepTransitionAdder:
     discount = gamma**m prod_j d_{t+1+j},
   bootstrapping from o_{t+m}. A termination (d = 0) therefore gives discount
   0; a time-limit truncation (LAST with d = 1) keeps bootstrapping. At an
-  episode end the shorter windows that remain are written too.
+  episode end the shorter windows that remain are written too. With
+  `reward_clip` c > 0 each r is clipped to [-c, c] before the sum, as DQN
+  and Rainbow clip Atari rewards (Mnih et al. 2015; Hessel et al. 2018).
   """
 
   def __init__(self, sink: Callable[[Transition], None], n_step: int,
-               discount: float, num_envs: int):
+               discount: float, num_envs: int, reward_clip: float = 0.0):
     if n_step < 1:
       raise ValueError(f"n_step must be at least 1, got {n_step}.")
+    if reward_clip < 0:
+      raise ValueError(f"reward_clip must be 0 (off) or positive, got {reward_clip}.")
+    self._reward_clip = float(reward_clip)
     self._sink = sink
     self._n = n_step
     self._gamma = float(discount)
@@ -60,6 +65,8 @@ class NStepTransitionAdder:
       raise RuntimeError("add_first must be called before add.")
     step_type = np.asarray(next_timestep.step_type)
     reward = np.asarray(next_timestep.reward, np.float32)
+    if self._reward_clip > 0:
+      reward = np.clip(reward, -self._reward_clip, self._reward_clip)
     env_discount = np.asarray(next_timestep.discount, np.float32)
     next_observation = np.asarray(next_timestep.observation)
     action = np.asarray(action)

@@ -119,7 +119,8 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
                 policy: PolicyFn, epsilon_fn: Callable[[chex.Array], chex.Array],
                 example_transition: Transition, *, num_envs: int, n_step: int, discount: float, min_replay_size: int,
                 env_steps_per_iteration: int, learner_calls_per_iteration: int,
-                eval_episodes: int, eval_epsilon: float = 0.0) -> Anakin:
+                eval_episodes: int, eval_epsilon: float = 0.0,
+                reward_clip: float = 0.0) -> Anakin:
   """Builds the compiled trainer from the kit's pure parts.
 
   Args:
@@ -140,6 +141,8 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
       copies this many times, then takes that many learner steps.
     eval_episodes: greedy episodes per evaluation (run in parallel).
     eval_epsilon: epsilon of the evaluation policy.
+    reward_clip: c > 0 clips each env reward to [-c, c] before the n-step
+      sum (episode returns stay unclipped), as the local adder does.
   """
   genv, params = env.env, env.params
   obs_spec = env.spec.observations
@@ -156,8 +159,9 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
         genv.step, in_axes=(0, 0, 0, None))(jax.random.split(step_key, E),
                                             state.env_state, action, params)
     reward = reward.astype(jnp.float32)
+    stored_reward = jnp.clip(reward, -reward_clip, reward_clip) if reward_clip > 0 else reward
     end = jnp.logical_or(terminated, truncated)
-    entry = NStepWindow(state.observation, action, reward,
+    entry = NStepWindow(state.observation, action, stored_reward,
                         1.0 - terminated.astype(jnp.float32), end,
                         info["final_observation"].astype(obs_dtype))
     window = jax.tree.map(lambda w, x: jnp.concatenate([w[1:], x[None]]),
@@ -288,4 +292,36 @@ def iteration_shape(samples_per_learner_step: int, samples_per_insert: float,
   return 1, max(1, round(1.0 / env_steps_per_call))
 
 
+def kept_samples_per_insert(samples_per_learner_step: int, num_envs: int,
+                            env_steps_per_iteration: int,
+                            learner_calls_per_iteration: int) -> float:
+  """The samples-per-insert ratio an iteration of this shape keeps."""
+  return (samples_per_learner_step * learner_calls_per_iteration
+          / (env_steps_per_iteration * num_envs))
+
+
+def ratio_warning(batch_size: int, num_sgd_steps: int, samples_per_insert: float,
+                  num_envs: int, tolerance: float = 0.05):
+  """A one-line warning when whole iterations cannot keep `samples_per_insert` within 5%.
+
+  Returns None when the kept ratio is close enough. The message names the
+  flags and values that would make the ratio exact.
+  """
+  per_call = batch_size * num_sgd_steps
+  env_steps, calls = iteration_shape(per_call, samples_per_insert, num_envs)
+  kept = kept_samples_per_insert(per_call, num_envs, env_steps, calls)
+  if abs(kept - samples_per_insert) <= tolerance * samples_per_insert:
+    return None
+  exact_envs = [e for e in range(1, 4 * num_envs + 9)
+                if abs(kept_samples_per_insert(per_call, e, *iteration_shape(
+                    per_call, samples_per_insert, e)) - samples_per_insert) < 1e-9]
+  nearest = min(exact_envs, key=lambda e: abs(e - num_envs)) if exact_envs else None
+  fixes = [f"--samples_per_insert={kept:g} (what runs)"]
+  if nearest is not None:
+    fixes.insert(0, f"--num_envs={nearest}")
+  return (f"warning: anakin mode keeps samples per insert at {kept:.4g}, not "
+          f"--samples_per_insert={samples_per_insert:g}: each iteration steps "
+          f"--num_envs={num_envs} copies {env_steps} time(s) and takes {calls} learner "
+          f"call(s) of --batch_size={batch_size} x --num_sgd_steps_per_step={num_sgd_steps}. "
+          f"For an exact ratio use {' or '.join(fixes)}.")
 

@@ -52,20 +52,36 @@ def make_optimizer(learning_rate, max_grad_norm: float = 10.0,
   return optimizer
 
 
-def update_target(online_params: Params, target_params: Params, steps: chex.Array,
-                  period: int, tau: float) -> Params:
-  """Every `period` learner steps, target <- tau * online + (1 - tau) * target.
+def update_target(online_params: Params, target_params: Params, updates: chex.Array,
+                  period: int, tau: float, applied: chex.Array = True) -> Params:
+  """Every `period` applied updates, target <- tau * online + (1 - tau) * target.
 
   tau = 1 is the hard copy of Mnih et al. 2015; tau < 1 with period 1 is
-  Polyak averaging (Lillicrap et al. 2016).
+  Polyak averaging (Lillicrap et al. 2016). `updates` counts the updates
+  applied to the online params so far (`applied_updates`); `applied` says
+  whether this step applied one, so that under gradient accumulation the
+  target moves only when the online params did.
   """
   if tau >= 1.0:
     new_target = online_params  # Exact copy, no arithmetic on the target.
   else:
     new_target = optax.incremental_update(online_params, target_params, tau)
-  update_now = steps % period == 0
+  update_now = jnp.logical_and(applied, updates % period == 0)
   return jax.tree.map(lambda new, old: jnp.where(update_now, new, old),
                       new_target, target_params)
+
+
+def applied_updates(state: TrainingState) -> chex.Array:
+  """Updates applied to the online params: SGD steps, or k-step groups under accumulation.
+
+  With `gradient_accumulation_steps` k > 1 the optimizer is an
+  `optax.MultiSteps`, whose state counts the updates it applied; the
+  learning-rate schedule, the target cadence and the PER beta schedule all
+  count in these units. With k = 1 it is `state.steps`.
+  """
+  if isinstance(state.opt_state, optax.MultiStepsState):
+    return state.opt_state.gradient_step
+  return state.steps
 
 
 def init_training_state(networks: Networks, optimizer: optax.GradientTransformation,
@@ -115,8 +131,13 @@ def make_sgd_step(networks: Networks, loss_fn, optimizer: optax.GradientTransfor
     online_params, opt_state = jax.tree.map(
         lambda new, old: jnp.where(finite, new, old),
         (online_params, opt_state), (state.online_params, state.opt_state))
-    target_params = update_target(online_params, state.target_params, steps,
-                                  target_update_period, target_update_tau)
+    if isinstance(opt_state, optax.MultiStepsState):  # Accumulating: k SGD steps an update.
+      updates_so_far = opt_state.gradient_step
+      applied = updates_so_far > state.opt_state.gradient_step
+    else:
+      updates_so_far, applied = steps, True
+    target_params = update_target(online_params, state.target_params, updates_so_far,
+                                  target_update_period, target_update_tau, applied)
     nonfinite_updates = state.nonfinite_updates + (~finite).astype(jnp.int32)
     first_nonfinite_step = jnp.where((state.first_nonfinite_step < 0) & ~finite,
                                      steps, state.first_nonfinite_step)
@@ -136,14 +157,15 @@ def make_learner_step(sgd_step: SGDStepFn, replay: replay_lib.Replay,
   """Returns the pure `learner_step(state, buffer_state) -> (state, buffer_state, metrics)`.
 
   Each of the `num_sgd_steps` steps samples a batch, takes an SGD step and
-  writes new priorities back; metrics are averaged over the steps.
+  writes new priorities back; metrics are averaged over the steps. The
+  importance-sampling exponent follows `applied_updates`.
   """
 
   def one_step(carry, _):
     state, buffer_state = carry
     key, sample_key = jax.random.split(state.key)
     sample = replay.sample(buffer_state, sample_key,
-                           importance_sampling_exponent(state.steps))
+                           importance_sampling_exponent(applied_updates(state)))
     state, metrics = sgd_step(state._replace(key=key), sample)
     priorities = metrics.pop("priorities")
     # Empty slots drawn by rounding keep priority 0, so they stay unsampleable;

@@ -213,8 +213,10 @@ class RunLoggers:
                quiet: bool = False, resumed_from: Optional[int] = None,
                wandb_project: str = "acme-jax-dqn", wandb_mode: str = "offline",
                run_name: str = "", config: Optional[Mapping[str, Any]] = None,
-               wandb_module=None):
+               wandb_module=None,
+               train_checks: Sequence[Callable[[Mapping[str, Any]], None]] = ()):
     check_logger_names(names, check_wandb=wandb_module is None)
+    self._train_checks = tuple(train_checks)  # Called on each train row after it is written.
     os.makedirs(logdir, exist_ok=True)
     self._bar = None
     if not quiet:
@@ -257,6 +259,8 @@ class RunLoggers:
 
   def train(self, row: Mapping[str, Any]) -> None:
     self._write("train", row)
+    for check in self._train_checks:
+      check(row)
     self.progress(int(row["env_steps"]), row.get("return_recent"))
 
   def eval(self, row: Mapping[str, Any]) -> None:

@@ -41,13 +41,6 @@ def _td_metrics(td_error, q_tm1, mask) -> Dict[str, chex.Array]:
   }
 
 
-def _clip_rewards(batch: Transition, reward_clip: float) -> Transition:
-  """Rewards clipped to [-c, c] for the loss (Mnih et al. 2015); c = 0 leaves them."""
-  if reward_clip <= 0:
-    return batch
-  return batch._replace(reward=jnp.clip(batch.reward, -reward_clip, reward_clip))
-
-
 def _defaults(batch: Transition, weights, mask):
   batch_size = batch.action.shape[0]
   if weights is None:
@@ -65,12 +58,12 @@ class QLearningLoss:
     double_q: select the bootstrap action with the online network and
       evaluate it with the target network (Double DQN).
     huber_delta: Huber loss threshold; 0 gives the squared loss 0.5 * td**2.
-    reward_clip: clip the transition's reward to [-c, c] in the loss (0:
-      off); with n-step transitions that is their discounted n-step sum.
+
+  Rewards arrive as stored in replay; clipping (`--reward_clip`) acts on
+  each env reward before the n-step sum, in the adders.
   """
   double_q: bool = False
   huber_delta: float = 1.0
-  reward_clip: float = 0.0
 
   def __call__(self, apply_fn: ApplyFn, online_params: Params,
                target_params: Params, batch: Transition,
@@ -79,7 +72,6 @@ class QLearningLoss:
     """Returns (scalar loss, LossExtras) for a batch of transitions."""
     chex.assert_rank(batch.action, 1)
     weights, mask = _defaults(batch, weights, mask)
-    batch = _clip_rewards(batch, self.reward_clip)
     q_tm1 = apply_fn(online_params, batch.observation).q_values  # [B, A]
     q_t_value = apply_fn(target_params, batch.next_observation).q_values  # [B, A]
     if self.double_q:
@@ -110,10 +102,8 @@ class CategoricalLoss:
 
   Attributes:
     double_q: select the bootstrap action by the online network's Q-values.
-    reward_clip: clip the transition's reward to [-c, c] in the loss (0: off).
   """
   double_q: bool = False
-  reward_clip: float = 0.0
 
   def __call__(self, apply_fn: ApplyFn, online_params: Params,
                target_params: Params, batch: Transition,
@@ -122,7 +112,6 @@ class CategoricalLoss:
     """Returns (scalar loss, LossExtras) for a batch of transitions."""
     chex.assert_rank(batch.action, 1)
     weights, mask = _defaults(batch, weights, mask)
-    batch = _clip_rewards(batch, self.reward_clip)
     out_tm1 = apply_fn(online_params, batch.observation)
     out_t = apply_fn(target_params, batch.next_observation)
     if self.double_q:
@@ -147,6 +136,25 @@ class CategoricalLoss:
     q_taken = jnp.take_along_axis(q_tm1, batch.action[:, None], axis=-1)[:, 0]
     td_error = batch.reward + batch.discount * bootstrap - q_taken
     metrics = _td_metrics(td_error, q_tm1, mask)
+    metrics["c51_edge_mass"] = _edge_mass(out_t, next_action, batch, mask)
     return loss, LossExtras(td_error=td_error,
                             priorities=jax.lax.stop_gradient(per_example),
                             metrics=metrics)
+
+
+def _edge_mass(out_t: NetworkOutput, next_action: chex.Array, batch: Transition,
+               mask: chex.Array) -> chex.Array:
+  """Mean share of the projected target distribution on the support's two edge atoms.
+
+  Near 1, the support [v_min, v_max] does not reach the returns and the
+  projection piles their mass onto its ends (a support too narrow for the
+  task). The projection is rlax's, as inside the C51 loss.
+  """
+  atoms = jax.lax.stop_gradient(out_t.atoms)
+  probs_t = jax.nn.softmax(jax.lax.stop_gradient(out_t.logits))  # [B, A, N]
+  probs_next = jnp.take_along_axis(probs_t, next_action[:, None, None], axis=1)[:, 0]
+  target_z = batch.reward[:, None] + batch.discount[:, None] * atoms[None]  # [B, N]
+  projected = jax.vmap(rlax.categorical_l2_project, in_axes=(0, 0, None))(
+      target_z, probs_next, atoms)
+  edge = projected[:, 0] + projected[:, -1]
+  return jnp.sum(edge * mask) / jnp.maximum(jnp.sum(mask), 1.0)

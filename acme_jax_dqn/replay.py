@@ -11,6 +11,7 @@ from typing import Any, Callable, NamedTuple
 
 import chex
 import flashbax as fbx
+from flashbax.buffers import prioritised_trajectory_buffer as fbx_prioritised
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -73,14 +74,39 @@ def _flashbax_device() -> str:
   return backend if backend in ("gpu", "tpu") else "cpu"
 
 
+def _add_at_max_priority(buffer, device: str, capacity: int):
+  """flashbax's prioritized `add`, with new items at the exact max priority.
+
+  flashbax 0.1.3 fills new items' sum-tree leaves with
+  `jnp.full_like(int_indices, max_recorded_priority)`, an integer array, so a
+  new leaf holds floor(max p**alpha) (2.0 instead of 4**0.6 = 2.297) and fresh
+  data is under-sampled. After its add this writes the leaves of the items
+  just added (item buffer: batch row 0, item index = time index) as the
+  float max. `tests/test_replay.py` shows the library's value and this one.
+  """
+  set_leaves = fbx_prioritised.SET_BATCH_FN[device]
+
+  def add(state, transitions):
+    count = jax.tree.leaves(transitions)[0].shape[0]
+    indices = (state.current_index + jnp.arange(count, dtype=jnp.int32)) % capacity
+    state = buffer.add(state, transitions)
+    tree = state.sum_tree_state
+    leaves = jnp.full((count,), tree.max_recorded_priority, jnp.float32)
+    return state.replace(sum_tree_state=set_leaves(tree, indices, leaves))
+
+  return add
+
+
 def make_replay(capacity: int, batch_size: int, prioritized: bool = False,
                 priority_exponent: float = 0.6) -> Replay:
   """Makes uniform or prioritized replay of `capacity` items sampled `batch_size` at a time."""
   if prioritized:
+    device = _flashbax_device()
     buffer = fbx.make_prioritised_item_buffer(
         max_length=capacity, min_length=1, sample_batch_size=batch_size,
         add_sequences=True, add_batches=False,
-        priority_exponent=priority_exponent, device=_flashbax_device())
+        priority_exponent=priority_exponent, device=device)
+    add = _add_at_max_priority(buffer, device, capacity)
 
     def sample(state, key, exponent):
       drawn = buffer.sample(state, key)
@@ -94,6 +120,7 @@ def make_replay(capacity: int, batch_size: int, prioritized: bool = False,
     buffer = fbx.make_item_buffer(
         max_length=capacity, min_length=1, sample_batch_size=batch_size,
         add_sequences=True, add_batches=False)
+    add = buffer.add
 
     def sample(state, key, exponent):
       del exponent
@@ -105,7 +132,7 @@ def make_replay(capacity: int, batch_size: int, prioritized: bool = False,
       del indices, priorities
       return state
 
-  return Replay(init=buffer.init, add=buffer.add, sample=sample,
+  return Replay(init=buffer.init, add=add, sample=sample,
                 set_priorities=set_priorities,
                 size=lambda state: _buffer_size(state, capacity),
                 capacity=capacity, prioritized=prioritized)

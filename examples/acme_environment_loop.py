@@ -31,7 +31,7 @@ def main(argv):
   config = DQNConfig(hidden_sizes=(64, 64), batch_size=64, num_sgd_steps_per_step=4,
                      samples_per_insert=64.0, min_replay_size=500, learning_rate=1e-3,
                      target_update_period=1, target_update_tau=0.01, epsilon_end=0.01,
-                     epsilon_decay_steps=2000)
+                     epsilon_decay_steps=2000, huber_delta=0.0)
   agent = LocalAgent(specs.make_environment_spec(env), config, jax.random.PRNGKey(0))
   assert isinstance(agent, core.Actor) and isinstance(agent.learner, core.Learner)
   environment_loop.EnvironmentLoop(env, agent, logger=loggers.NoOpLogger()).run(

@@ -10,7 +10,7 @@ set of parameters per seed: `--seed_index` picks one.
 from absl import app
 from absl import flags
 
-from launch.cli import checkpoint_tool_main
+from launch.cli import checkpoint_tool_main, parse_flags
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("checkpoint_dir", None, "A run's checkpoint directory "
@@ -71,4 +71,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

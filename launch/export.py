@@ -20,7 +20,7 @@ import os
 from absl import app
 from absl import flags
 
-from launch.cli import checkpoint_tool_main
+from launch.cli import checkpoint_tool_main, parse_flags
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("checkpoint_dir", None, "A run's checkpoint directory (<logdir>/checkpoints).")
@@ -88,4 +88,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

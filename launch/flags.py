@@ -7,6 +7,7 @@ from absl import flags
 
 from agents.dqn.config import ConfigError, DQNConfig, field_docs
 from agents.dqn.experiment import ExperimentConfig, PRNG_IMPLS, RUN_MODES
+from launch import cli
 
 FLAGS = flags.FLAGS
 
@@ -102,15 +103,8 @@ def define_flags() -> None:
 
 
 def parse_flags(argv):
-  """`app.run`'s flags parser, plus a clear error for a flagfile that is not text."""
-  from absl import app  # pylint: disable=import-outside-toplevel
-  import sys  # pylint: disable=import-outside-toplevel
-  try:
-    return app.parse_flags_with_usage(argv)
-  except (UnicodeDecodeError, OSError) as error:
-    print(f"error: a --flagfile could not be read ({type(error).__name__}: {error}). A "
-          "flagfile is UTF-8 text with one --flag=value per line.", file=sys.stderr)
-    sys.exit(2)
+  """`app.run`'s flags parser: a bad flag or flagfile is one line on stderr and exit code 2."""
+  return cli.parse_flags(argv)
 
 
 _CONTRADICTIONS = (

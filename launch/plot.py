@@ -17,6 +17,7 @@ import sys
 from absl import app
 from absl import flags
 
+from launch.cli import parse_flags
 from launch.curves import draw, find_runs
 
 FLAGS = flags.FLAGS
@@ -49,4 +50,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

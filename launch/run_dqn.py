@@ -7,6 +7,7 @@ from absl import app
 from absl import logging
 
 from launch import flags as launch_flags
+from launch.cli import error_line
 
 launch_flags.define_flags()
 
@@ -25,7 +26,7 @@ def main(argv):
     experiment = launch_flags.experiment_from_flags()
     summary = run_experiment(experiment, config)
   except (ConfigError, CheckpointError) as error:  # Bad input: what and how to fix it.
-    print(f"error: {error}", file=sys.stderr)
+    print(f"error: {error_line(error)}", file=sys.stderr)
     return 2
   except RunError as error:  # The run went wrong (a NaN, a crashed node): what and where.
     print(f"error: {error}", file=sys.stderr)

@@ -90,3 +90,57 @@ def test_variable_client_pulls_every_period():
   assert client.params == {"w": 1}
   client.update()
   assert client.params == {"w": 2}
+
+
+@pytest.mark.parametrize("path", ["unbatched", "batched", "jitted policy"])
+def test_epsilon_greedy_action_distribution_matches_rlax(path):
+  """Each acting path draws actions with rlax.epsilon_greedy's probabilities (chi-square)."""
+  import rlax  # pylint: disable=import-outside-toplevel
+  from scipy import stats  # pylint: disable=import-outside-toplevel
+  epsilon, q, draws = 0.3, (0.0, 5.0, 1.0), 6000
+  probs = lambda eps: np.asarray(rlax.epsilon_greedy(eps).probs(jnp.asarray(q)), np.float64)
+  expected = probs(epsilon) / probs(epsilon).sum()
+  if path == "unbatched":
+    actor = _actor(epsilon)
+    actions = [actor.select_action(np.zeros(2, np.float32)) for _ in range(draws)]
+  elif path == "batched":
+    actor = _actor(epsilon, num_envs=8)
+    actions = np.concatenate([actor.select_action(np.zeros((8, 2), np.float32))
+                              for _ in range(draws // 8)])
+  else:
+    networks = fixed_networks(q)
+    policy = jax.jit(actors.make_epsilon_greedy_policy(networks))
+    actions = policy(networks.init(None), jax.random.PRNGKey(1),
+                     jnp.zeros((draws, 2)), epsilon)
+  counts = np.bincount(np.asarray(actions), minlength=3)
+  assert stats.chisquare(counts, expected * counts.sum()).pvalue > 1e-3
+  # And the test can tell a wrong epsilon apart.
+  wrong = probs(0.5) / probs(0.5).sum()
+  assert stats.chisquare(counts, wrong * counts.sum()).pvalue < 1e-6
+
+
+def _builder(**overrides):
+  from agents.dqn import DQNBuilder, DQNConfig  # pylint: disable=import-outside-toplevel
+  return DQNBuilder(DQNConfig(**overrides))
+
+
+def test_apex_epsilons_are_one_per_env_copy_of_the_run_in_every_mode():
+  """Local/anakin: one per copy; distributed: the run's N actors x E copies share them out."""
+  builder = _builder(apex_epsilons=True, apex_epsilon_base=0.4, apex_epsilon_alpha=7.0)
+  run = actors.apex_epsilons(6, 0.4, 7.0)
+  np.testing.assert_allclose(builder.make_epsilon_schedule(num_envs=6)(0), run, rtol=1e-6)
+  per_actor = [builder.make_epsilon_schedule(num_envs=2, actor_index=i, num_actors=3)(0)
+               for i in range(3)]
+  np.testing.assert_allclose(np.concatenate(per_actor), run, rtol=1e-6)
+  one_copy = [builder.make_epsilon_schedule(actor_index=i, num_actors=6)(0) for i in range(6)]
+  np.testing.assert_allclose(one_copy, run, rtol=1e-6)  # Scalars for unbatched actors.
+  assert all(np.ndim(e) == 0 for e in one_copy)
+
+
+def test_epsilon_decay_spans_the_runs_env_steps_over_all_actors():
+  builder = _builder(epsilon_start=1.0, epsilon_end=0.1, epsilon_decay_steps=1000)
+  alone = builder.make_epsilon_schedule(num_envs=4)
+  assert alone(500) == pytest.approx(0.55) and alone(1000) == pytest.approx(0.1)
+  # One of 4 actors at its own step 125 is at run step ~500: halfway.
+  actor = builder.make_epsilon_schedule(actor_index=2, num_actors=4)
+  assert actor(125) == pytest.approx(0.55) and actor(250) == pytest.approx(0.1)

@@ -83,3 +83,32 @@ def test_batched_auto_reset_ignores_the_restart_step(n_step):
   assert 9.0 not in [item[1] for item in sink.items]  # The restart action is dropped.
   # n=1 writes env 0's new episode (from 50) at once; n=3 still holds it in its window.
   assert starts == ([0.0, 50.0, 100.0, 101.0, 102.0] if n_step == 1 else [0.0, 100.0, 101.0, 102.0])
+
+
+@pytest.mark.parametrize("num_envs", [1, 2])
+def test_reward_clip_acts_on_each_reward_before_the_three_step_sum(num_envs):
+  """Rewards 3, -4, 0.5, 2 with c = 1: each is clipped, then summed (not the sum clipped)."""
+  sink = Sink()
+  adder = NStepTransitionAdder(sink, n_step=3, discount=GAMMA, num_envs=num_envs, reward_clip=1.0)
+  rewards = [3.0, -4.0, 0.5, 2.0]
+
+  def ts(step_type, reward, discount, obs):
+    return dm_env.TimeStep(np.full(num_envs, step_type), np.full(num_envs, reward, np.float32),
+                           np.full(num_envs, discount, np.float32),
+                           np.full((num_envs, 1), obs, np.float32))
+
+  adder.add_first(ts(F, 0.0, 1.0, 0.0))
+  for t, reward in enumerate(rewards, start=1):
+    adder.add(np.full(num_envs, t), ts(L if t == 4 else M, reward, 0.0 if t == 4 else 1.0,
+                                       float(t)))
+  clipped = [1.0, -1.0, 0.5, 1.0]
+  expected = [  # (first observation, discounted sum of clipped rewards, bootstrap multiplier)
+      (0.0, clipped[0] + GAMMA * clipped[1] + GAMMA ** 2 * clipped[2], GAMMA ** 3),
+      (1.0, clipped[1] + GAMMA * clipped[2] + GAMMA ** 2 * clipped[3], 0.0),
+      (2.0, clipped[2] + GAMMA * clipped[3], 0.0),
+      (3.0, clipped[3], 0.0)]
+  got = sorted({(item[0], item[2], item[3]) for item in sink.items})
+  assert len(sink.items) == 4 * num_envs
+  np.testing.assert_allclose(got, expected, rtol=1e-6)
+  assert 1.0 + GAMMA * -1.0 + GAMMA ** 2 * 0.5 != pytest.approx(
+      float(np.clip(3.0 - 4.0 * GAMMA + 0.5 * GAMMA ** 2, -1, 1)))  # The old rule differs.

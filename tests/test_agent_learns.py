@@ -12,7 +12,8 @@ RANDOM_POLICY_RETURN = 22.0  # Mean CartPole-v1 return of uniform random actions
 SMALL = DQNConfig(hidden_sizes=(64, 64), batch_size=64, num_sgd_steps_per_step=4,
                   samples_per_insert=64.0, min_replay_size=500, replay_capacity=10_000,
                   learning_rate=1e-3, target_update_period=1, target_update_tau=0.01,
-                  epsilon_start=1.0, epsilon_end=0.01, epsilon_decay_steps=2_000)
+                  epsilon_start=1.0, epsilon_end=0.01, epsilon_decay_steps=2_000,
+                  huber_delta=0.0)
 
 
 @pytest.mark.parametrize("variant", [

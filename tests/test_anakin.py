@@ -19,7 +19,7 @@ from acme_jax_dqn import specs
 from acme_jax_dqn.adders import NStepTransitionAdder
 from acme_jax_dqn.types import Transition
 from agents.dqn.builder import DQNBuilder
-from agents.dqn.config import DQNConfig
+from agents.dqn.config import ConfigError, DQNConfig
 from agents.dqn.experiment import ExperimentConfig, run_experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -353,3 +353,115 @@ def test_gymnax_imports_without_its_render_only_modules_which_still_work_on_use(
                           capture_output=True, text=True, timeout=120)
   assert result.returncode == 0, result.stderr[-2000:]
   assert result.stdout.split("\n")[-2] == "[] True True True", result.stdout
+
+
+def test_anakin_clips_each_reward_before_the_n_step_sum_and_logs_unclipped_returns():
+  """CartPole pays 1 a step; with --reward_clip=0.25 every stored 3-step reward is
+  0.25 * (1 + g + g^2) cut at the episode end, while episode returns stay whole numbers."""
+  config = _tiny_config(n_step=3, reward_clip=0.25, min_replay_size=10_000, discount=0.9)
+  env = envs.make_jax_environment("gymnax:CartPole-v1")
+  builder = DQNBuilder(config)
+  trainer = builder.make_anakin(env, builder.make_networks(env.spec), eval_episodes=2)
+  state = jax.jit(trainer.init)(jax.random.PRNGKey(0))
+  state, metrics = jax.jit(trainer.train_chunk, static_argnums=2)(state, 0, 200)
+  size = int(_stored_count(state.buffer))
+  rewards = np.asarray(state.buffer.experience.reward)[0, :size]
+  allowed = [0.25, 0.25 * 1.9, 0.25 * (1 + 0.9 + 0.81)]  # Windows of 1, 2 and 3 steps.
+  assert size == 800 and np.all(np.min(np.abs(rewards[:, None] - allowed), axis=1) < 1e-6)
+  assert np.any(np.abs(rewards - allowed[2]) < 1e-6)
+  episodes = float(metrics["episodes"])
+  assert episodes > 0 and float(metrics["episode_return_sum"]) / episodes > 5  # Unclipped.
+
+
+def _stored_count(buffer_state):
+  return jnp.where(buffer_state.is_full, buffer_state.experience.reward.shape[1],
+                   buffer_state.current_index)
+
+
+def test_a_rounded_samples_per_insert_is_warned_with_the_flags_that_make_it_exact():
+  """Batch 32, ratio 8, 3 copies: whole iterations keep 32 / 3 = 10.67 (33% off)."""
+  message = anakin.ratio_warning(32, 1, 8.0, 3)
+  assert "10.67" in message and "--samples_per_insert=8" in message
+  assert "--num_envs=2" in message  # 32 / (8 * 2) = 2 env steps a call: exact.
+  for fix in ("--num_envs=2", "--samples_per_insert=10.6667"):
+    assert fix in message
+  assert anakin.ratio_warning(32, 1, 8.0, 4) is None  # Exact.
+  assert anakin.ratio_warning(128, 4, 128.0, 1) is None
+  assert anakin.ratio_warning(32, 1, 8.2, 4) is None  # 2.4% off: within 5%.
+  env_steps, calls = anakin.iteration_shape(32, 8.0, 3)
+  assert anakin.kept_samples_per_insert(32, 3, env_steps, calls) == pytest.approx(32 / 3)
+
+
+_SEED_LAYOUT_SCRIPT = """
+import functools, json, sys
+from acme_jax_dqn import utils
+utils.set_cpu_devices(5)
+import jax
+import numpy as np
+from jax.sharding import PartitionSpec as P
+from acme_jax_dqn import envs
+from agents.dqn.anakin import _per_device
+from agents.dqn.builder import DQNBuilder
+from agents.dqn.config import DQNConfig
+
+config = DQNConfig(hidden_sizes=(32, 32), batch_size=32, num_sgd_steps_per_step=2,
+                   samples_per_insert=64.0, min_replay_size=100, replay_capacity=2000,
+                   target_update_period=1, target_update_tau=0.01, epsilon_decay_steps=500)
+env = envs.make_jax_environment("gymnax:CartPole-v1")
+builder = DQNBuilder(config)
+trainer = builder.make_anakin(env, builder.make_networks(env.spec), eval_episodes=2)
+compiled = {}
+
+def train(seeds, devices):
+  if (len(seeds), devices) not in compiled:
+    mesh = jax.sharding.Mesh(np.array(jax.local_devices()[:devices]), ("seeds",))
+    init = _per_device(jax.vmap(trainer.init), mesh, P("seeds"))
+    chunk = _per_device(jax.vmap(functools.partial(trainer.train_chunk, num_iterations=300),
+                                 in_axes=(0, None)), mesh, (P("seeds"), P()))
+    compiled[(len(seeds), devices)] = jax.jit(lambda keys: chunk(init(keys), np.int32(0)))
+  keys = np.stack([np.asarray(jax.random.PRNGKey(s)) for s in seeds])
+  state, metrics = compiled[(len(seeds), devices)](keys)
+  leaves = jax.tree.leaves(jax.device_get(state.learner.online_params))
+  return [np.concatenate([np.ravel(x[i]) for x in leaves]) for i in range(len(seeds))], metrics
+
+alone = {s: train([s], 1)[0][0] for s in range(5)}
+out = {"learner_steps": int(train([0], 1)[1]["learner_steps"][0]), "layouts": {}}
+for num_seeds, devices in ((2, 1), (2, 2), (5, 1), (5, 5)):
+  params, _ = train(list(range(num_seeds)), devices)
+  out["layouts"][f"{num_seeds}x{devices}"] = [
+      float(np.max(np.abs(params[k] - alone[k]))) for k in range(num_seeds)]
+out["apart"] = float(np.max(np.abs(alone[0] - alone[1])))
+print(json.dumps(out))
+"""
+
+
+def test_seed_k_in_a_k_seed_program_trains_what_it_trains_alone():
+  """Seeds in one vmapped program, on one device or split, are not coupled: after a few
+  hundred learner steps seed k's parameters equal seed k's alone to float rounding."""
+  result = subprocess.run([sys.executable, "-c", _SEED_LAYOUT_SCRIPT], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert result.returncode == 0, result.stderr[-2000:]
+  out = json.loads(result.stdout.splitlines()[-1])
+  assert out["learner_steps"] >= 300
+  assert set(out["layouts"]) == {"2x1", "2x2", "5x1", "5x5"}
+  for layout, diffs in out["layouts"].items():
+    assert max(diffs) < 1e-4, (layout, diffs)
+  assert out["apart"] > 1e-2  # Different seeds train different parameters.
+
+
+def test_jax_batches_rbg_bits_from_the_first_key_so_such_seeds_are_refused(tmp_path):
+  """The JAX behaviour the check guards against, and the check, before any compile."""
+  from acme_jax_dqn import utils  # pylint: disable=import-outside-toplevel
+  for impl, independent in (("threefry2x32", True), ("unsafe_rbg", False), ("rbg", False)):
+    with utils.prng_impl(impl):
+      keys = jnp.stack([jax.random.PRNGKey(0), jax.random.PRNGKey(1)])
+      batched = jax.vmap(lambda k: jax.random.uniform(k, (4,)))(keys)
+      alone = jax.random.uniform(jax.random.PRNGKey(1), (4,))
+      assert np.allclose(batched[1], alone) == independent, impl
+  experiment = ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin", num_seeds=2,
+                                cpu_devices=1, prng_impl="unsafe_rbg", total_steps=400,
+                                logdir=str(tmp_path / "run"), quiet=True, loggers=("csv",))
+  with pytest.raises(ConfigError, match="--prng_impl=unsafe_rbg with 2 seeds on one device"):
+    run_experiment(experiment, _tiny_config())
+  assert not (tmp_path / "run" / "train.csv").exists()

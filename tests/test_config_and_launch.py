@@ -310,3 +310,172 @@ def test_evaluate_without_a_checkpoint_is_a_clear_error(tmp_path):
                            f"--checkpoint_dir={tmp_path / 'none'}"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
   assert result.returncode == 2 and "has no checkpoint" in result.stderr
+
+
+def _one_error_line(stderr: str) -> str:
+  lines = [line for line in stderr.splitlines() if line.strip()]
+  assert len(lines) == 1, stderr[-3000:]
+  assert lines[0].startswith("error:"), lines[0]
+  return lines[0]
+
+
+def test_resume_with_another_learning_rate_warns_naming_the_flag_and_continues(saved_run,
+                                                                               tmp_path):
+  logdir = _copy_run(saved_run, tmp_path)
+  result = run_dqn(f"--flagfile={TINY}", f"--logdir={logdir}", "--total_steps=800",
+                   "--resume", "--learning_rate=5e-4", "--epsilon_end=0.1",
+                   "--target_update_tau=0.5", timeout=120)
+  assert result.returncode == 0, result.stderr[-2000:]
+  warning = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+  assert warning and "--learning_rate=0.0005 (checkpoint: 0.001)" in warning[0]
+  assert "--epsilon_end=0.1 (checkpoint: 0.05)" in warning[0]
+  summary = json.loads((logdir / "summary.json").read_text())
+  assert summary["resumed_from_step"] == 400 and summary["env_steps"] == 800
+
+
+# absl's parse errors, each one line naming the flag and the fix, exit code 2.
+FLAG_PARSE_ERRORS = [
+    (["--no_such_flag=1"], "error: --no_such_flag=1: no such flag"),
+    (["--learnin_rate=1"], "did you mean --learning_rate"),
+    (["--run_mode=foo"], "--run_mode=foo: must be one of local, anakin, distributed"),
+    (["--total_steps=1e5"], "--total_steps=1e5: must be an integer written in digits, e.g. "
+     "--total_steps=100000"),
+    (["--batch_size=abc"], "--batch_size=abc: must be an integer"),
+    (["--learning_rate=fast"], "--learning_rate=fast: must be a number"),
+    (["--quiet=maybe"], "--quiet=maybe: must be true or false"),
+    (["--noquiet=1"], "--noquiet=1: a --no flag takes no value"),
+    (["--flagfile=/no/such/file.cfg"], "--flagfile=/no/such/file.cfg: cannot be opened"),
+    (["--flagfile=tests"], "--flagfile=tests: cannot be opened ([Errno 21] Is a directory"),
+    (["--flagfile"], "--flagfile: no file given"),
+    (["stray"], "unexpected arguments ['stray']"),
+]
+
+
+@pytest.mark.parametrize("args, expected", FLAG_PARSE_ERRORS)
+def test_flag_parse_errors_are_one_line_naming_the_flag_with_exit_code_2(args, expected,
+                                                                         tmp_path):
+  result = run_dqn(f"--flagfile={TINY}", f"--logdir={tmp_path / 'run'}", *args, timeout=120)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert expected in _one_error_line(result.stderr)
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_malformed_flagfile_is_one_line_with_exit_code_2(tmp_path):
+  flagfile = tmp_path / "bad.cfg"
+  flagfile.write_text("--batch_size=3\nbatch_size=4\n")  # The second line lacks its --.
+  result = run_dqn(f"--flagfile={flagfile}", timeout=120)
+  assert result.returncode == 2
+  assert "unexpected arguments ['batch_size=4']" in _one_error_line(result.stderr)
+  flagfile.write_bytes(b"\xff\xfe\x00--batch_size=3")
+  result = run_dqn(f"--flagfile={flagfile}", timeout=120)
+  assert result.returncode == 2
+  assert "flagfile could not be read" in _one_error_line(result.stderr)
+
+
+@pytest.mark.parametrize("module", ["launch.evaluate", "launch.export", "launch.plot",
+                                    "launch.experiments.seed_sweep",
+                                    "launch.experiments.compare_agents"])
+def test_the_other_entry_points_parse_flags_the_same_way(module):
+  for args, expected in ((["--no_such_flag=1"], "error: --no_such_flag=1: no such flag"),
+                         (["--flagfile=/no/such/file.cfg"], "cannot be opened"),
+                         (["stray"], "unexpected arguments ['stray']")):
+    result = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, (module, args, result.stderr[-2000:])
+    assert expected in _one_error_line(result.stderr)
+
+
+def _output_path_case(tmp_path, case):
+  """(flags, expected error) for an output path that cannot be a directory."""
+  afile = tmp_path / "afile"
+  afile.write_text("kept")
+  if case == "logdir_is_a_file":
+    return [f"--logdir={afile}"], f"--logdir={afile}: is a file; point --logdir at a directory"
+  if case == "logdir_under_a_file":
+    return ([f"--logdir={afile}/run"], f"--logdir={afile}/run: {afile} is a file, so no "
+            "directory can be made under it; point --logdir at a directory")
+  if case == "checkpoint_dir_is_a_file":
+    return ([f"--logdir={tmp_path / 'run'}", f"--checkpoint_dir={afile}"],
+            f"--checkpoint_dir={afile}: is a file; point --checkpoint_dir at a directory")
+  (tmp_path / "run").mkdir()
+  default = tmp_path / "run" / "checkpoints"
+  default.write_text("kept")
+  return ([f"--logdir={tmp_path / 'run'}"],
+          f"--checkpoint_dir={default} (the default, <logdir>/checkpoints): is a file")
+
+
+MODE_FLAGS = {"local": [],
+              "anakin": ["--run_mode=anakin", "--env=gymnax:CartPole-v1"],
+              "distributed": ["--run_mode=distributed", "--num_actors=1"]}
+
+
+@pytest.mark.parametrize("mode, case", [
+    ("local", "logdir_is_a_file"), ("local", "logdir_under_a_file"),
+    ("local", "checkpoint_dir_is_a_file"), ("local", "default_checkpoint_dir_is_a_file"),
+    ("anakin", "logdir_under_a_file"), ("anakin", "checkpoint_dir_is_a_file"),
+    ("distributed", "logdir_is_a_file"), ("distributed", "default_checkpoint_dir_is_a_file"),
+])
+def test_an_output_path_that_cannot_be_a_directory_is_refused_before_the_run(mode, case,
+                                                                            tmp_path):
+  args, expected = _output_path_case(tmp_path, case)
+  result = run_dqn(f"--flagfile={TINY}", *MODE_FLAGS[mode], *args, timeout=120)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert expected in _one_error_line(result.stderr)
+  assert (tmp_path / "afile").read_text() == "kept"
+  assert not list(tmp_path.rglob("summary.json")) and not list(tmp_path.rglob("train.csv"))
+
+
+def test_a_checkpoint_dir_that_is_a_file_is_fine_with_checkpoints_off(tmp_path):
+  from agents.dqn import checkpoints  # pylint: disable=import-outside-toplevel
+  from agents.dqn.experiment import ExperimentConfig  # pylint: disable=import-outside-toplevel
+  afile = tmp_path / "afile"
+  afile.write_text("kept")
+  checkpoints.check_output_paths(ExperimentConfig(logdir=str(tmp_path / "run"),
+                                                  checkpoint_dir=str(afile),
+                                                  save_checkpoints=False))
+  with pytest.raises(ConfigError, match="--checkpoint_dir=.*: is a file"):
+    checkpoints.check_output_paths(ExperimentConfig(logdir=str(tmp_path / "run"),
+                                                    checkpoint_dir=str(afile)))
+
+
+def test_an_unwritable_output_directory_is_refused_naming_the_flag(tmp_path, monkeypatch):
+  from agents.dqn import checkpoints  # pylint: disable=import-outside-toplevel
+  # As root every directory is writable: stand in for a read-only parent.
+  real_access = os.access
+  monkeypatch.setattr(os, "access", lambda path, mode: (
+      False if str(path) == str(tmp_path) else real_access(path, mode)))
+  import re  # pylint: disable=import-outside-toplevel
+  with pytest.raises(ConfigError, match=re.escape(
+      f"--logdir={tmp_path}/run: {tmp_path} is not writable; point --logdir at a directory "
+      "you can write to.")):
+    checkpoints.check_output_directory("logdir", str(tmp_path / "run"))
+
+
+@pytest.mark.parametrize("mode", ["anakin", "distributed"])
+def test_a_new_run_into_a_used_logdir_is_refused_before_its_driver_starts(mode, saved_run,
+                                                                          tmp_path, monkeypatch):
+  import importlib  # pylint: disable=import-outside-toplevel
+  from agents.dqn import experiment as experiment_lib  # pylint: disable=import-outside-toplevel
+  logdir = _copy_run(saved_run, tmp_path)
+  driver = importlib.import_module(f"agents.dqn.{mode}")
+
+  def started(*args):
+    raise AssertionError(f"the {mode} driver (building and compiling) started")
+
+  monkeypatch.setattr(driver, f"run_{mode}_experiment", started)
+  env = "gymnax:CartPole-v1" if mode == "anakin" else "gymnasium:CartPole-v1"
+  with pytest.raises(ConfigError, match="holds checkpoints of an earlier run"):
+    experiment_lib.run_experiment(experiment_lib.ExperimentConfig(
+        env=env, run_mode=mode, logdir=str(logdir), total_steps=400, quiet=True), DQNConfig())
+
+
+def test_a_new_anakin_run_into_a_used_logdir_exits_2_and_keeps_it(saved_run, tmp_path):
+  logdir = _copy_run(saved_run, tmp_path)
+  before = {p.name: p.read_bytes() for p in logdir.iterdir() if p.is_file()}
+  result = run_dqn(f"--flagfile={TINY}", *MODE_FLAGS["anakin"], f"--logdir={logdir}",
+                   timeout=120)
+  assert result.returncode == 2
+  assert "holds checkpoints of an earlier run (env steps [400])" in _one_error_line(
+      result.stderr)
+  assert {p.name: p.read_bytes() for p in logdir.iterdir() if p.is_file()} == before
+  assert os.listdir(logdir / "checkpoints") == ["400"]

@@ -115,3 +115,84 @@ def test_gradient_accumulation_applies_every_k_steps():
   assert all(float(jnp.abs(u).max()) == 0.0 for u in jax.tree.leaves(updates))
   updates, opt_state = optimizer.update(grads, opt_state, params)
   assert any(float(jnp.abs(u).max()) > 0.0 for u in jax.tree.leaves(updates))
+
+
+def _fixed_batch(seed=0):
+  rng = np.random.default_rng(seed)
+  return replay_lib.ReplaySample(
+      Transition(rng.normal(size=(8, 3)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32),
+                 np.ones(8, np.float32), np.full(8, 0.9, np.float32),
+                 rng.normal(size=(8, 3)).astype(np.float32)),
+      jnp.zeros(8, jnp.int32), jnp.ones(8), jnp.ones(8))
+
+
+def _assert_trees_equal(x, y):
+  jax.tree.map(np.testing.assert_array_equal, x, y)
+
+
+def test_hard_target_counts_applied_updates_under_gradient_accumulation():
+  """k = 2, period 2: the copy fires after 2 applied updates (4 SGD steps), not 2 SGD steps."""
+  _, builder, _, networks = _setup(gradient_accumulation_steps=2, target_update_period=2)
+  optimizer = builder.make_optimizer()
+  state0 = learning.init_training_state(networks, optimizer, jax.random.PRNGKey(0))
+  sgd_step = jax.jit(builder.make_sgd_step(networks, optimizer))
+  states = [state0]
+  for i in range(4):
+    states.append(sgd_step(states[-1], _fixed_batch(i))[0])
+  assert [int(learning.applied_updates(s)) for s in states] == [0, 0, 1, 1, 2]
+  assert [int(s.steps) for s in states] == [0, 1, 2, 3, 4]
+  _assert_trees_equal(states[1].online_params, state0.online_params)  # Accumulating only.
+  for s in states[1:4]:  # The 2nd SGD step is the first applied update: no copy yet.
+    _assert_trees_equal(s.target_params, state0.target_params)
+  _assert_trees_equal(states[4].target_params, states[4].online_params)
+  assert not np.allclose(states[4].online_params["mlp_torso/mlp/~/linear_0"]["w"],
+                         state0.online_params["mlp_torso/mlp/~/linear_0"]["w"])
+
+
+def test_polyak_target_moves_only_when_accumulated_updates_apply():
+  """k = 2, tau 0.5: the target moves on SGD steps 2 and 4, toward the params just applied."""
+  _, builder, _, networks = _setup(gradient_accumulation_steps=2, target_update_period=1,
+                                   target_update_tau=0.5)
+  optimizer = builder.make_optimizer()
+  state = learning.init_training_state(networks, optimizer, jax.random.PRNGKey(0))
+  sgd_step = jax.jit(builder.make_sgd_step(networks, optimizer))
+  expected_target = state.target_params
+  for i in range(4):
+    state = sgd_step(state, _fixed_batch(i))[0]
+    if i % 2 == 1:  # optax.incremental_update is the reference for the Polyak step.
+      expected_target = optax.incremental_update(state.online_params, expected_target, 0.5)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7),
+                 state.target_params, expected_target)
+
+
+def test_hard_target_update_matches_rlax_periodic_update():
+  import rlax  # pylint: disable=import-outside-toplevel
+  online, target = _tree(3.0), _tree(-1.0)
+  for steps in range(0, 9):
+    ours = learning.update_target(online, target, jnp.int32(steps), period=4, tau=1.0)
+    reference = rlax.periodic_update(online, target, jnp.int32(steps), 4)
+    _assert_trees_equal(ours, reference)
+
+
+def test_importance_sampling_exponent_follows_applied_updates():
+  """The PER beta schedule reads applied updates (k = 2), so it anneals over updates."""
+  seen = []
+
+  def beta(updates):
+    seen.append(updates)
+    return 0.4
+
+  _, builder, spec, networks = _setup(gradient_accumulation_steps=2, prioritized=True)
+  replay = builder.make_replay()
+  optimizer = builder.make_optimizer()
+  learner_step = learning.make_learner_step(builder.make_sgd_step(networks, optimizer), replay,
+                                            num_sgd_steps=1, importance_sampling_exponent=beta)
+  state = learning.init_training_state(networks, optimizer, jax.random.PRNGKey(0))
+  buffer_state = replay.add(replay.init(builder.example_transition(spec)),
+                            _fixed_batch().transitions)
+  calls = []
+  for _ in range(3):
+    calls.append(int(learning.applied_updates(state)))
+    state, buffer_state, _ = learner_step(state, buffer_state)
+  assert calls == [0, 0, 1] and int(state.steps) == 3
+  assert [int(v) for v in seen] == calls  # Eager calls: one trace per step.

@@ -122,7 +122,7 @@ def test_categorical_loss_matches_brute_force_projection(double_q, use_jit):
     e = np.exp(x - x.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
 
-  expected = []
+  expected, edge_mass = [], []
   for i in range(B):
     target_probs = softmax(logits["target_next"][i].astype(np.float64))  # [A, N]
     selector = softmax(logits["online_next"][i]) if double_q else target_probs
@@ -131,33 +131,27 @@ def test_categorical_loss_matches_brute_force_projection(double_q, use_jit):
                                batch.discount[i])
     log_p = np.log(softmax(logits["online"][i][batch.action[i]].astype(np.float64)))
     expected.append(-(projected * log_p).sum())
+    edge_mass.append(projected[0] + projected[-1])
   np.testing.assert_allclose(extras.priorities, expected, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(loss, np.mean(expected), rtol=1e-4)
+  # The share of target mass on the two edge atoms, from the same brute-force projection.
+  np.testing.assert_allclose(extras.metrics["c51_edge_mass"], np.mean(edge_mass), rtol=1e-4)
 
 
-@pytest.mark.parametrize("distributional", [False, True])
-def test_reward_clip_is_the_loss_of_clipped_rewards(distributional):
-  """reward_clip=1 equals the unclipped loss on rewards clipped by hand; 0 leaves them."""
-  rng = np.random.default_rng(3)
-  batch = _batch(rng)._replace(reward=(5 * rng.normal(size=B)).astype(np.float32))
-  assert np.any(np.abs(batch.reward) > 1)
-  clipped_batch = batch._replace(reward=np.clip(batch.reward, -1.0, 1.0))
-  if distributional:
-    atoms = jnp.linspace(-3.0, 3.0, N)
+def test_edge_mass_is_near_one_when_the_support_cannot_reach_the_returns():
+  """Rewards of 50 on the support [-3, 3]: every target lands on the top atom."""
+  atoms = jnp.linspace(-3.0, 3.0, N)
 
-    def apply(params, observation):
-      logits = (observation @ params["w"]).reshape(-1, A, N)
-      return NetworkOutput(q_values=jnp.sum(jax.nn.softmax(logits) * atoms, -1),
-                           logits=logits, atoms=atoms)
+  def apply(params, observation):
+    logits = jnp.broadcast_to(params["logits"], (observation.shape[0], A, N))
+    return NetworkOutput(q_values=jnp.sum(jax.nn.softmax(logits) * atoms, -1),
+                         logits=logits, atoms=atoms)
 
-    params = {"w": jnp.asarray(rng.normal(size=(5, A * N)).astype(np.float32))}
-    target = {"w": jnp.asarray(rng.normal(size=(5, A * N)).astype(np.float32))}
-    make = lambda clip: losses.CategoricalLoss(reward_clip=clip)
-  else:
-    apply, params, target = _linear_apply, _params(rng), _params(rng)
-    make = lambda clip: losses.QLearningLoss(reward_clip=clip)
-  clipped, _ = make(1.0)(apply, params, target, batch)
-  by_hand, _ = make(0.0)(apply, params, target, clipped_batch)
-  unclipped, _ = make(0.0)(apply, params, target, batch)
-  np.testing.assert_allclose(clipped, by_hand, rtol=1e-6)
-  assert abs(float(unclipped) - float(clipped)) > 1e-3
+  params = {"logits": jnp.zeros((A, N))}
+  rng = np.random.default_rng(2)
+  batch = _batch(rng)._replace(reward=np.full(B, 50.0, np.float32))
+  _, extras = losses.CategoricalLoss()(apply, params, params, batch)
+  assert float(extras.metrics["c51_edge_mass"]) == pytest.approx(1.0, abs=1e-6)
+  _, fitting = losses.CategoricalLoss()(apply, params, params,
+                                        batch._replace(reward=np.zeros(B, np.float32)))
+  assert float(fitting.metrics["c51_edge_mass"]) < 0.5

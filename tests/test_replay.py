@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flashbax.buffers import sum_tree as flashbax_sum_tree
 
 from acme_jax_dqn import replay as replay_lib
 from acme_jax_dqn.types import Transition
@@ -76,3 +77,40 @@ def test_replay_buffer_grows_its_staging_for_large_inserts():
   assert buffer.pending_chunks == 150
   buffer.write_pending(keep=1)
   assert buffer.num_written == 298 and buffer.num_inserted == 300
+
+
+def _leaf_after_linspace_priorities(add_fn, buffer_state, replay_set_priorities):
+  """Adds 12 items, sets priorities linspace(0.5, 4, 12), adds one more; its leaf value."""
+  state = add_fn(buffer_state, _items(np.arange(12)))
+  state = replay_set_priorities(state, jnp.arange(12), jnp.linspace(0.5, 4.0, 12))
+  state = add_fn(state, _items([12]))
+  return float(flashbax_sum_tree.get(state.sum_tree_state, jnp.int32(12)))
+
+
+def test_flashbax_fills_new_priorities_as_integers_and_the_kit_does_not():
+  """A fresh item's leaf is max p**alpha = 4**0.6 (2.297); flashbax 0.1.3 writes floor (2.0)."""
+  import flashbax as fbx  # pylint: disable=import-outside-toplevel
+  library = fbx.make_prioritised_item_buffer(
+      max_length=32, min_length=1, sample_batch_size=4, add_sequences=True,
+      add_batches=False, priority_exponent=0.6, device="cpu")
+  library_leaf = _leaf_after_linspace_priorities(
+      jax.jit(library.add), library.init(_example()), library.set_priorities)
+  if library_leaf != pytest.approx(4.0 ** 0.6, rel=1e-6):
+    # The library bug the kit works around (replay._add_at_max_priority).
+    assert library_leaf == 2.0
+  replay = replay_lib.make_replay(32, 4, prioritized=True, priority_exponent=0.6)
+  kit_leaf = _leaf_after_linspace_priorities(
+      jax.jit(replay.add), replay.init(_example()), replay.set_priorities)
+  assert kit_leaf == pytest.approx(4.0 ** 0.6, rel=1e-6)
+
+
+def test_kit_new_priorities_are_the_max_when_the_buffer_wraps():
+  replay = replay_lib.make_replay(8, 4, prioritized=True, priority_exponent=0.5)
+  state = replay.add(replay.init(_example()), _items(np.arange(8)))
+  state = replay.set_priorities(state, jnp.arange(8), jnp.full((8,), 9.0))  # leaf 3.0
+  state = replay.add(state, _items([8, 9, 10]))  # Overwrites items 0, 1 and 2.
+  leaves = np.asarray(flashbax_sum_tree.get_batch(state.sum_tree_state, jnp.arange(8)))
+  np.testing.assert_allclose(leaves, np.full(8, 3.0), rtol=1e-6)
+  # Sampling probabilities are then uniform over the 8 held items.
+  total = float(state.sum_tree_state.nodes[0])
+  assert total == pytest.approx(24.0, rel=1e-6)

@@ -6,6 +6,7 @@ from typing import Optional
 import dm_env
 import gymnasium as gym
 
+from acme_jax_dqn import seeding
 from acme_jax_dqn.envs import atari
 from acme_jax_dqn.envs import gymnax_adapter
 from acme_jax_dqn.envs.batched import BatchedEnvironment
@@ -59,11 +60,19 @@ def make_environment(name: str, seed: Optional[int] = None,
   Args:
     name: `prefix:id`, e.g. `gymnasium:CartPole-v1`; `gymnasium:module:Id`
       imports `module` first, for environments it registers.
-    seed: seeds the environment's first reset.
+    seed: seeds the environment's first reset; copies stepped together get
+      the seeds `seeding.copy_seeds(seed, num_envs)` (distinct, and apart
+      from other runs' seeds).
     num_envs: None for one unbatched environment, or a number of copies
       stepped together (timesteps with a leading env axis).
   """
   prefix, env_id = split_name(name)
+
+  def copy_seed(index: int) -> Optional[int]:
+    if seed is None or num_envs is None:
+      return seed
+    return seeding.derive_seed(seed, index)
+
   if prefix == "envpool":  # Batched in C++: all copies are one environment.
     batched = EnvpoolEnvironment(env_id, num_envs or 1, seed)
     return batched if num_envs is not None else UnbatchedEnvironment(batched)
@@ -71,23 +80,21 @@ def make_environment(name: str, seed: Optional[int] = None,
     gymnax_env = gymnax_adapter.make_gymnax(env_id)
 
     def make_one(index: int) -> dm_env.Environment:
-      return GymnaxEnvironment(gymnax_env, None if seed is None else seed + index)
+      return GymnaxEnvironment(gymnax_env, copy_seed(index))
   elif prefix == "atari":
     atari.game_id(env_id)  # An unknown game fails here, once.
 
     def make_one(index: int) -> dm_env.Environment:
-      return GymnasiumEnvironment(atari.make_atari(env_id),
-                                  None if seed is None else seed + index)
+      return GymnasiumEnvironment(atari.make_atari(env_id), copy_seed(index))
   elif prefix == "minatar":
 
     def make_one(index: int) -> dm_env.Environment:
-      return MinAtarEnvironment(env_id, None if seed is None else seed + index)
+      return MinAtarEnvironment(env_id, copy_seed(index))
   else:
     env_id = _check_gymnasium_id(env_id)
 
     def make_one(index: int) -> dm_env.Environment:
-      copy_seed = None if seed is None else seed + index
-      return GymnasiumEnvironment(gym.make(env_id, disable_env_checker=True), copy_seed)
+      return GymnasiumEnvironment(gym.make(env_id, disable_env_checker=True), copy_seed(index))
 
   if num_envs is None:
     return make_one(0)

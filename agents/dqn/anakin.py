@@ -27,6 +27,7 @@ from acme_jax_dqn import checkpointing
 from acme_jax_dqn import envs
 from acme_jax_dqn import loggers
 from acme_jax_dqn import networks as networks_lib
+from acme_jax_dqn import seeding
 from agents.dqn import checkpoints
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import ConfigError, DQNConfig
@@ -136,6 +137,29 @@ def _seed_mesh(num_seeds: int, cpu_devices: int, torso: str,
   return jax.sharding.Mesh(np.array(devices[:count]), ("seeds",))
 
 
+# PRNG implementations whose random bits come from XLA's RngBitGenerator.
+RBG_IMPLS = ("rbg", "unsafe_rbg")
+
+
+def _check_independent_seeds(experiment: ExperimentConfig, seed_devices: int) -> None:
+  """Refuses an RngBitGenerator PRNG with several seeds vmapped on one device.
+
+  JAX batches `rng_bit_generator` over a vmapped axis of keys by drawing
+  every element's bits from the first key (jax 0.10: lax's
+  `_rng_bit_generator_batching_rule`), so under `--prng_impl=rbg` or
+  `unsafe_rbg` the seeds of one program would not each be their own run.
+  One seed per device keeps them apart (`tests/test_anakin.py` shows both).
+  """
+  per_device = experiment.num_seeds // seed_devices
+  if experiment.prng_impl in RBG_IMPLS and per_device > 1:
+    raise ConfigError(
+        f"--prng_impl={experiment.prng_impl} with {per_device} seeds on one device "
+        f"(--num_seeds={experiment.num_seeds} over {seed_devices} device(s)): under vmap "
+        "JAX draws every seed's random bits from the first seed's key with this PRNG, so "
+        "the seeds would not be independent runs. Use --prng_impl=threefry2x32, or one "
+        f"seed per device (on the CPU, --cpu_devices={experiment.num_seeds}).")
+
+
 def _per_device(fn, mesh, in_specs, out_specs=P("seeds")):
   """`fn` (vmapped over seeds) run on each device's block of seeds, with no cross-device work."""
   return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
@@ -161,17 +185,23 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
     raise ConfigError(str(error)) from error
   trainer = builder.make_anakin(env, networks, experiment.eval_episodes)
   plan = AnakinPlan(trainer, config, experiment)
+  warning = anakin_lib.ratio_warning(config.batch_size, config.num_sgd_steps_per_step,
+                                     config.samples_per_insert, config.num_envs)
+  if warning:
+    print(warning, file=sys.stderr)
   saved_devices = None
   if experiment.resume:  # Before compiling: a plan that differs costs seconds, not a compile.
     saved_devices = _check_resumable_plan(checkpoints.RunCheckpoints(experiment, config), plan)
   num_seeds = experiment.num_seeds
   seeds = [experiment.seed + i for i in range(num_seeds)]
   train_keys = np.stack([np.asarray(jax.random.PRNGKey(s)) for s in seeds])
-  # Evaluation has its own stream per seed (as local mode's eval env seed + 1e6).
-  eval_keys = np.stack([np.asarray(jax.random.PRNGKey(s + 1_000_000)) for s in seeds])
+  # Evaluation has its own stream per seed.
+  eval_keys = np.stack([np.asarray(seeding.derive_key(s, seeding.Stream.EVAL_KEYS))
+                        for s in seeds])
   mesh = _seed_mesh(num_seeds, experiment.cpu_devices,
                     networks_lib.choose_torso(env.spec.observations.shape, config.torso),
                     saved_devices, experiment.one_cpu_core)
+  _check_independent_seeds(experiment, mesh.size)
   init = jax.jit(_per_device(jax.vmap(trainer.init), mesh, P("seeds")))
   state_shape = jax.eval_shape(init, train_keys)
   chunk_fn = _per_device(

@@ -43,9 +43,8 @@ class DQNBuilder:
   def make_loss(self):
     c = self.config
     if c.distributional:
-      return losses.CategoricalLoss(double_q=c.double_q, reward_clip=c.reward_clip)
-    return losses.QLearningLoss(double_q=c.double_q, huber_delta=c.huber_delta,
-                                reward_clip=c.reward_clip)
+      return losses.CategoricalLoss(double_q=c.double_q)
+    return losses.QLearningLoss(double_q=c.double_q, huber_delta=c.huber_delta)
 
   def make_optimizer(self) -> optax.GradientTransformation:
     c = self.config
@@ -86,16 +85,29 @@ class DQNBuilder:
   def make_policy(self, networks: networks_lib.Networks) -> actors.PolicyFn:
     return actors.make_epsilon_greedy_policy(networks)
 
-  def make_epsilon_schedule(self, evaluation: bool = False, num_envs: int = 1):
-    """env steps -> epsilon: the linear schedule, or one fixed Ape-X epsilon per env copy."""
+  def make_epsilon_schedule(self, evaluation: bool = False, num_envs: int = 1,
+                            actor_index: int = 0, num_actors: int = 1):
+    """Actor env steps -> epsilon, with one meaning per flag in every run mode.
+
+    `epsilon_decay_steps` counts the run's env steps: an actor that is one of
+    `num_actors` (distributed mode, stepping at about the same rate) decays
+    over `epsilon_decay_steps / num_actors` of its own steps.
+    `apex_epsilons` gives every env copy of the run its fixed epsilon: the
+    copies of actor `actor_index` take their `num_envs` values of the
+    `num_actors * num_envs` Ape-X epsilons.
+    """
     c = self.config
     if evaluation:
       return actors.make_epsilon_schedule(c.eval_epsilon, c.eval_epsilon, 0)
     if c.apex_epsilons:
-      return actors.ConstantEpsilons(
-          actors.apex_epsilons(num_envs, c.apex_epsilon_base, c.apex_epsilon_alpha))
+      run_epsilons = actors.apex_epsilons(num_actors * num_envs, c.apex_epsilon_base,
+                                          c.apex_epsilon_alpha)
+      mine = run_epsilons[actor_index * num_envs:(actor_index + 1) * num_envs]
+      if num_envs == 1:  # One copy: a scalar epsilon.
+        return actors.make_epsilon_schedule(float(mine[0]), float(mine[0]), 0)
+      return actors.ConstantEpsilons(mine)
     return actors.make_epsilon_schedule(c.epsilon_start, c.epsilon_end,
-                                        c.epsilon_decay_steps)
+                                        c.epsilon_decay_steps / num_actors)
 
   def make_anakin(self, env: GymnaxEnv, networks: networks_lib.Networks,
                   eval_episodes: int = 10) -> anakin.Anakin:
@@ -111,7 +123,7 @@ class DQNBuilder:
         self.example_transition(env.spec), num_envs=c.num_envs, n_step=c.n_step, discount=c.discount,
         min_replay_size=c.min_replay_size, env_steps_per_iteration=env_steps,
         learner_calls_per_iteration=learner_calls, eval_episodes=eval_episodes,
-        eval_epsilon=c.eval_epsilon)
+        eval_epsilon=c.eval_epsilon, reward_clip=c.reward_clip)
 
   # Objects for Python-driven loops.
   def example_transition(self, spec: specs.EnvironmentSpec) -> Transition:
@@ -133,10 +145,12 @@ class DQNBuilder:
                                    self.example_transition(spec),
                                    insert_chunk=insert_chunk or self.config.inserts_per_learner_step)
 
-  def make_adder(self, replay_buffer: replay_lib.ReplayBuffer,
-                 num_envs: int = 1) -> adders.NStepTransitionAdder:
-    return adders.NStepTransitionAdder(replay_buffer.insert, self.config.n_step,
-                                       self.config.discount, num_envs)
+  def make_adder(self, replay_buffer, num_envs: int = 1) -> adders.NStepTransitionAdder:
+    """n-step transitions into `replay_buffer` (a `ReplayBuffer`, or any callable sink)."""
+    sink = getattr(replay_buffer, "insert", replay_buffer)
+    c = self.config
+    return adders.NStepTransitionAdder(sink, c.n_step, c.discount, num_envs,
+                                       reward_clip=c.reward_clip)
 
   def make_learner(self, networks: networks_lib.Networks,
                    replay_buffer: replay_lib.ReplayBuffer,

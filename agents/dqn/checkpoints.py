@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from acme_jax_dqn import checkpointing
 from agents.dqn.config import ConfigError, DQNConfig
@@ -21,6 +21,10 @@ from agents.dqn.config import ConfigError, DQNConfig
 # Flags a resumed run must share with the checkpoint's run (else it would be another run).
 _SAME_EXPERIMENT_FIELDS = ("env", "run_mode", "num_seeds", "seed", "prng_impl")
 _SAME_CONFIG_FIELDS = ("num_envs", "n_step")
+# Config fields whose value sets the shapes of the network's parameters (any change).
+_NETWORK_FIELDS = ("hidden_sizes", "dueling", "distributional")
+# Config fields whose value sets the replay buffer's state (when the replay is saved).
+_REPLAY_FIELDS = ("replay_capacity", "prioritized")
 # Experiment fields that never matter for the resumed computation.
 _RUN_ONLY_FIELDS = ("logdir", "quiet", "resume", "checkpoint_dir", "checkpoint_every",
                     "keep_checkpoints", "compilation_cache_dir", "one_cpu_core",
@@ -92,15 +96,113 @@ def next_multiple(step: int, every: int) -> Optional[int]:
   return (step // every + 1) * every if every > 0 else None
 
 
+def checkpoint_directory(experiment) -> str:
+  """The run's checkpoint directory: --checkpoint_dir, by default <logdir>/checkpoints."""
+  return experiment.checkpoint_dir or os.path.join(experiment.logdir, "checkpoints")
+
+
+def structure_differences(saved: Dict[str, Any], current: Dict[str, Any],
+                          replay_saved: bool = True) -> List[str]:
+  """Config fields (DQNConfig dicts) whose change makes the saved state not fit, sorted.
+
+  Measured leaf by leaf on the local and anakin states: the network's
+  layers (`hidden_sizes`, `dueling`, `distributional`, `num_atoms` of a
+  C51 head, a torso named on both sides), the replay buffer when it was
+  saved (`replay_capacity`, `prioritized`), and the optimizer state's
+  structure: gradient clipping on or off (`max_grad_norm` 0 or not), a
+  learning rate that decays or stays constant (`learning_rate_schedule`
+  with `learning_rate_decay_steps` > 0 or not), and
+  `gradient_accumulation_steps` (optax.MultiSteps holds the gradients
+  accumulated toward its k steps, and the schedules count updates of k
+  steps). Other values (learning rate, its end value and decay steps, the
+  epsilon schedule, target updates, batch size, ...) fit the same state.
+  """
+  def differs(name):
+    a, b = saved.get(name), current.get(name)
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+      a, b = list(a or []), list(b or [])
+    return a != b
+
+  def decays(c):
+    return c.get("learning_rate_schedule") != "constant" and c.get(
+        "learning_rate_decay_steps", 0) > 0
+
+  changed = [name for name in _NETWORK_FIELDS + ("gradient_accumulation_steps",)
+             if differs(name)]
+  if saved.get("distributional") and current.get("distributional") and differs("num_atoms"):
+    changed.append("num_atoms")
+  if "auto" not in (saved.get("torso"), current.get("torso")) and differs("torso"):
+    changed.append("torso")  # "auto" picks by the observations: the layout check decides.
+  if replay_saved:
+    changed += [name for name in _REPLAY_FIELDS if differs(name)]
+  if (saved.get("max_grad_norm", 0) > 0) != (current.get("max_grad_norm", 0) > 0):
+    changed.append("max_grad_norm")
+  if decays(saved) != decays(current):
+    changed += [name for name in ("learning_rate_schedule", "learning_rate_decay_steps")
+                if differs(name)]
+  return sorted(changed)
+
+
+def check_start(experiment, config: DQNConfig) -> None:
+  """What the checkpoint directory must hold, said before anything compiles.
+
+  A new run refuses a directory that holds another run's checkpoints (it
+  would mix with them); `--resume` needs one that holds a checkpoint.
+  """
+  run_checkpoints = RunCheckpoints(experiment, config)
+  try:
+    if not experiment.resume:
+      run_checkpoints.check_fresh_start()
+    elif run_checkpoints.checkpointer.latest_step() is None:
+      raise checkpointing.CheckpointError(
+          f"--resume: no checkpoint in {run_checkpoints.directory}. Start without --resume, "
+          "or point --checkpoint_dir at the directory of the run to continue.")
+  finally:
+    run_checkpoints.close()
+
+
+def _nearest_existing(path: str) -> str:
+  while not os.path.lexists(path) and os.path.dirname(path) != path:
+    path = os.path.dirname(path)
+  return path
+
+
+def check_output_directory(flag: str, value: str, note: str = "") -> None:
+  """Raises ConfigError naming `--flag` unless `value` is (or can become) a writable directory.
+
+  Nothing is created: the path must be a directory, or not exist under a
+  directory this process can write to.
+  """
+  path = os.path.abspath(os.path.expanduser(value))
+  shown = f"--{flag}={value}{note}"
+  existing = _nearest_existing(path)
+  kind = "a file" if os.path.isfile(existing) else "not a directory"
+  if existing == path and not os.path.isdir(path):
+    raise ConfigError(f"{shown}: is {kind}; point --{flag} at a directory.")
+  if not os.path.isdir(existing):
+    raise ConfigError(f"{shown}: {existing} is {kind}, so no directory can be made under "
+                      f"it; point --{flag} at a directory.")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise ConfigError(f"{shown}: {existing} is not writable; point --{flag} at a directory "
+                      "you can write to.")
+
+
+def check_output_paths(experiment) -> None:
+  """Every directory the run writes (--logdir; --checkpoint_dir when checkpoints are on)."""
+  check_output_directory("logdir", experiment.logdir)
+  if experiment.save_checkpoints:
+    default = "" if experiment.checkpoint_dir else " (the default, <logdir>/checkpoints)"
+    check_output_directory("checkpoint_dir", checkpoint_directory(experiment), default)
+
+
 class RunCheckpoints:
   """Checkpoints of one run: directory, cadence, resume and the checks around them."""
 
   def __init__(self, experiment, config: DQNConfig):
     self._experiment = experiment
     self._config = config
-    directory = experiment.checkpoint_dir or os.path.join(experiment.logdir, "checkpoints")
     self.checkpointer = checkpointing.Checkpointer(
-        directory, max_to_keep=experiment.keep_checkpoints or None)
+        checkpoint_directory(experiment), max_to_keep=experiment.keep_checkpoints or None)
     self.enabled = experiment.save_checkpoints
     self.every = experiment.checkpoint_every if self.enabled else 0
     self.last_path: Optional[str] = None
@@ -115,38 +217,58 @@ class RunCheckpoints:
   def directory(self) -> str:
     return self.checkpointer.directory
 
-  def _flag_differences(self, meta: Dict[str, Any], fields=None) -> list:
-    # A field that an older checkpoint lacks had its default value then.
-    current_experiment = dataclasses.asdict(self._experiment)
-    defaults = dataclasses.asdict(type(self._experiment)())
-    saved_experiment = {**defaults, **meta.get("experiment", {})}
+  def _saved_flags(self, meta: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(experiment, config) of the checkpoint's run as dicts; a field it lacks had its default."""
+    saved_experiment = {**dataclasses.asdict(type(self._experiment)()),
+                        **meta.get("experiment", {})}
     saved_config = {**dataclasses.asdict(type(self._config)()), **meta.get("config", {})}
-    if fields is not None:
-      saved_experiment = {k: saved_experiment.get(k) for k in fields}
-      current_experiment = {k: current_experiment.get(k) for k in fields}
-    else:
-      for name in _RUN_ONLY_FIELDS:
-        saved_experiment.pop(name, None)
-        current_experiment.pop(name, None)
+    return saved_experiment, saved_config
+
+  def _flag_differences(self, meta: Dict[str, Any]) -> list:
+    """Every flag that differs from the checkpoint's run, but those that never matter to it."""
+    saved_experiment, saved_config = self._saved_flags(meta)
+    current_experiment = dataclasses.asdict(self._experiment)
+    for name in _RUN_ONLY_FIELDS:
+      saved_experiment.pop(name, None)
+      current_experiment.pop(name, None)
     return (checkpointing.differing_fields(saved_experiment, current_experiment)
             + checkpointing.differing_fields(saved_config, dataclasses.asdict(self._config)))
 
   def check_same_run(self, meta: Dict[str, Any], step: int) -> None:
-    """Raises CheckpointError when a flag that makes another run differs from checkpoint `step`'s.
+    """Raises CheckpointError when checkpoint `step` cannot continue as this run.
 
-    Those are `_SAME_EXPERIMENT_FIELDS` and `_SAME_CONFIG_FIELDS` (env,
-    seeds, PRNG, env copies, n-step); other differing flags only warn.
+    Refused: flags that make another run (`_SAME_EXPERIMENT_FIELDS` and
+    `_SAME_CONFIG_FIELDS`: env, seeds, PRNG, run mode, env copies, n-step)
+    and flags that change the shapes or structure of the saved state
+    (`structure_differences`). Every other differing flag (learning rate
+    and its schedule's values, epsilon schedule, target updates, budget,
+    ...) only warns, in `restore`.
     """
-    fixed = self._flag_differences(meta, fields=_SAME_EXPERIMENT_FIELDS) + [
-        d for d in checkpointing.differing_fields(
-            {k: meta.get("config", {}).get(k) for k in _SAME_CONFIG_FIELDS},
-            {k: getattr(self._config, k) for k in _SAME_CONFIG_FIELDS})]
-    fixed = sorted(set(fixed))
-    if fixed:
+    saved_experiment, saved_config = self._saved_flags(meta)
+    current_experiment = dataclasses.asdict(self._experiment)
+    current_config = dataclasses.asdict(self._config)
+    other_run = sorted(
+        checkpointing.differing_fields(
+            {k: saved_experiment.get(k) for k in _SAME_EXPERIMENT_FIELDS},
+            {k: current_experiment.get(k) for k in _SAME_EXPERIMENT_FIELDS})
+        + checkpointing.differing_fields(
+            {k: saved_config.get(k) for k in _SAME_CONFIG_FIELDS},
+            {k: current_config.get(k) for k in _SAME_CONFIG_FIELDS}))
+    changed = structure_differences(saved_config, current_config,
+                                    replay_saved=bool(meta.get("replay_saved", True)))
+    structure = checkpointing.differing_fields(
+        {k: saved_config.get(k) for k in changed}, {k: current_config.get(k) for k in changed})
+    reasons = []
+    if other_run:
+      reasons.append("these flags differ from the checkpoint's run, so it would be another "
+                     f"run: {'; '.join(other_run)}")
+    if structure:
+      reasons.append("these flags change the shapes of the saved network, replay or "
+                     f"optimizer state, so it does not fit this run: {'; '.join(structure)}")
+    if reasons:
       self.checkpointer.close()
       raise checkpointing.CheckpointError(
-          f"--resume from {self.checkpointer.path(step)}: these flags differ from the "
-          f"checkpoint's run, so it would be another run: {'; '.join(fixed)}. Resume "
+          f"--resume from {self.checkpointer.path(step)}: {'; and '.join(reasons)}. Resume "
           "with the checkpoint's values, or start a new run in a new --logdir.")
 
   def restore(self, target) -> Tuple[Any, Dict[str, Any], Any]:
@@ -184,6 +306,7 @@ class RunCheckpoints:
       return
     steps = self.checkpointer.steps()
     if steps:
+      self.checkpointer.close()
       raise ConfigError(
           f"{self.directory} holds checkpoints of an earlier run (env steps {steps}). "
           "Pass --resume to continue that run, or use a new --logdir (or "

@@ -24,14 +24,14 @@ class DQNConfig:
     hidden_sizes: MLP layer sizes (after the convolutions for image torsos).
     torso: "auto" (MLP for vectors, Nature conv for images, MinAtar conv for images under 36x36), "mlp", "nature_conv" or "minatar_conv".
     huber_delta: Huber loss threshold; 0 uses the squared loss 0.5 * td**2.
-    reward_clip: clip rewards to [-c, c] in the loss, as Nature DQN on Atari (0: off; with n-step, the n-step sum).
+    reward_clip: clip each env reward to [-c, c] before the n-step sum, as DQN and Rainbow on Atari (0: off; episode returns stay unclipped).
     learning_rate: Adam step size (initial value when a schedule is set).
     learning_rate_schedule: "constant", "linear" or "cosine" decay over learner steps.
     learning_rate_end: learning rate reached at the end of the decay.
     learning_rate_decay_steps: applied updates of the decay (0 keeps it constant); with gradient accumulation an update is k SGD steps.
     adam_eps: Adam's epsilon (Dopamine uses 1.5e-4 for Atari DQN).
     max_grad_norm: clip gradients to this global norm; 0 turns clipping off.
-    gradient_accumulation_steps: average gradients over k SGD steps before applying (optax.MultiSteps).
+    gradient_accumulation_steps: average gradients over k SGD steps before applying (optax.MultiSteps); the lr schedule, target updates and PER beta count applied updates.
     num_sgd_steps_per_step: SGD steps in one learner call (one jitted scan).
     batch_size: transitions per SGD step.
     replay_capacity: transitions the replay holds; the oldest are overwritten.
@@ -41,15 +41,15 @@ class DQNConfig:
     priority_exponent: alpha, how strongly priorities shape sampling.
     importance_sampling_exponent: beta at the start of learning.
     importance_sampling_exponent_end: beta reached after the annealing.
-    importance_sampling_anneal_steps: learner steps to anneal beta (0 keeps it constant).
+    importance_sampling_anneal_steps: applied updates to anneal beta over (0 keeps it constant); with gradient accumulation an update is k SGD steps.
     priority_epsilon: added to new priorities so no transition gets priority 0.
-    target_update_period: learner steps between target updates.
+    target_update_period: applied updates between target updates (SGD steps, or k-step groups under gradient accumulation).
     target_update_tau: each target update moves tau of the way to the online params (1 copies them).
     epsilon_start: exploration epsilon at the first env step.
     epsilon_end: exploration epsilon after the decay.
-    epsilon_decay_steps: env steps of the linear epsilon decay.
+    epsilon_decay_steps: env steps of the linear epsilon decay, counted over the run (all env copies; all actor nodes together in distributed mode).
     eval_epsilon: epsilon of the evaluation policy (0 is greedy).
-    apex_epsilons: one fixed epsilon per env copy, base ** (1 + alpha * i / (N - 1)) (Horgan et al. 2018), instead of the linear schedule.
+    apex_epsilons: one fixed epsilon per env copy of the run (N = num_envs, times num_actors in distributed mode), base ** (1 + alpha * i / (N - 1)) (Horgan et al. 2018), instead of the linear schedule.
     apex_epsilon_base: base of the Ape-X epsilons (0.4 in the paper).
     apex_epsilon_alpha: alpha of the Ape-X epsilons (7 in the paper).
     variable_update_period: actor calls (one per batch of env copies) between parameter pulls.

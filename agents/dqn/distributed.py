@@ -16,9 +16,11 @@ Python, so the nodes are Ray actors):
   never counted and none is counted twice; it is the truth for progress.
 - LearnerNode runs the kit's jitted `sgd_step` on sampled batches, sends
   new priorities back, and publishes parameters to the VariableServer.
-- ActorNode i steps its own `num_envs` environment copies with the kit's
-  actor and adder; with `apex_epsilons` its epsilon is
-  base ** (1 + alpha * i / (N - 1)) (Horgan et al. 2018). It pulls
+- ActorNode i steps its own `num_envs` environment copies with the
+  builder's actor, adder and epsilon schedule: the linear decay spans the
+  run's env steps (all actors together), and with `apex_epsilons` each of
+  the run's N = num_actors * num_envs copies has its fixed epsilon
+  base ** (1 + alpha * j / (N - 1)) (Horgan et al. 2018). It pulls
   parameters every `variable_update_period` calls. Actors restart after a
   crash (Ray `max_restarts`) and rejoin with fresh parameters.
 - EvaluatorNode runs greedy episodes on the latest parameters.
@@ -38,13 +40,13 @@ import jax
 import numpy as np
 
 from acme_jax_dqn import actors as actors_lib
-from acme_jax_dqn import adders as adders_lib
 from acme_jax_dqn import checkpointing
 from acme_jax_dqn import environment_loop as loop_lib
 from acme_jax_dqn import envs
 from acme_jax_dqn import learning
 from acme_jax_dqn import loggers
 from acme_jax_dqn import replay as replay_lib
+from acme_jax_dqn import seeding
 from acme_jax_dqn import specs
 from acme_jax_dqn import utils
 from acme_jax_dqn.types import Transition
@@ -125,7 +127,7 @@ class ReplayNode:
 
     self._sample = jax.jit(sample_batches)
     self._set_priorities = jax.jit(self._replay.set_priorities, donate_argnums=0)
-    self._key = jax.random.PRNGKey(seed + 2_000_000)
+    self._key = seeding.derive_key(seed, seeding.Stream.REPLAY)
     self._limiter = RateLimiter(config.samples_per_insert, config.min_replay_size,
                                 error_buffer(config, num_actors, insert_batch))
     self._total_steps = total_steps
@@ -245,7 +247,9 @@ class LearnerNode:
 
     self._sgd_steps = jax.jit(sgd_steps, donate_argnums=0)
     self._steps_per_call = config.num_sgd_steps_per_step
-    self._beta = builder.importance_sampling_schedule()
+    schedule = builder.importance_sampling_schedule()
+    accumulation = config.gradient_accumulation_steps
+    self._beta = lambda sgd_steps: schedule(sgd_steps // accumulation)  # Over applied updates.
     self._state = learning.init_training_state(networks, optimizer, jax.random.PRNGKey(seed))
     self._replay, self._variables = replay, variables
     self._prioritized = config.prioritized
@@ -334,28 +338,26 @@ class ActorNode:
     self._ray = ray
     self.actor_id = actor_id
     num_envs = None if config.num_envs == 1 else config.num_envs
-    actor_seed = seed + 10_000 * (actor_id + 1)
+    path = (actor_id,)
     if ray.get_runtime_context().was_current_actor_reconstructed:
-      actor_seed += os.getpid()  # A restarted actor does not replay its first life's episodes.
-    self._environment = envs.make_environment(env_name, seed=actor_seed, num_envs=num_envs)
+      path += (os.getpid(),)  # A restarted actor does not replay its first life's episodes.
+    self._environment = envs.make_environment(
+        env_name, seed=seeding.derive_seed(seed, seeding.Stream.ACTOR_ENVS, *path),
+        num_envs=num_envs)
     spec = specs.make_environment_spec(self._environment)
     builder = DQNBuilder(config)
     networks = builder.make_networks(spec, env_name)
     self._pending: List[Transition] = []
     self._pending_count = 0
     self._steps_since_send = 0
-    adder = adders_lib.NStepTransitionAdder(self._stage, config.n_step, config.discount,
-                                            config.num_envs)
-    if config.apex_epsilons:
-      epsilon = actors_lib.apex_epsilons(num_actors, config.apex_epsilon_base,
-                                         config.apex_epsilon_alpha)[actor_id]
-      epsilon_fn = actors_lib.make_epsilon_schedule(float(epsilon), float(epsilon), 0)
-    else:
-      epsilon_fn = builder.make_epsilon_schedule()
+    adder = builder.make_adder(self._stage, config.num_envs)
+    epsilon_fn = builder.make_epsilon_schedule(num_envs=config.num_envs, actor_index=actor_id,
+                                               num_actors=num_actors)
     client = actors_lib.VariableClient(_RemoteVariables(variables), "policy",
                                        config.variable_update_period)
     self._actor = actors_lib.Actor(actors_lib.make_greedy_policy(networks), epsilon_fn,
-                                   client, jax.random.PRNGKey(actor_seed), networks.num_actions,
+                                   client, seeding.derive_key(seed, seeding.Stream.ACTOR, *path),
+                                   networks.num_actions,
                                    adder=adder, num_envs=num_envs)
     self.epsilon = float(np.mean(epsilon_fn(0)))
     self._loop = loop_lib.EnvironmentLoop(self._environment, self._actor)
@@ -416,12 +418,14 @@ class EvaluatorNode:
 
   def __init__(self, config: DQNConfig, env_name: str, seed: int, variables):
     utils.run_xla_on_one_cpu_core()
-    self._environment = envs.make_environment(env_name, seed=seed + 1_000_000)
+    self._environment = envs.make_environment(
+        env_name, seed=seeding.derive_seed(seed, seeding.Stream.EVAL_ENV))
     spec = specs.make_environment_spec(self._environment)
     builder = DQNBuilder(config)
     networks = builder.make_networks(spec, env_name)
     self._actor = builder.make_actor(networks, _RemoteVariables(variables),
-                                     jax.random.PRNGKey(seed + 1), evaluation=True)
+                                     seeding.derive_key(seed, seeding.Stream.EVALUATOR),
+                                     evaluation=True)
 
   def evaluate(self, episodes: int) -> List[float]:
     return evaluate(self._environment, self._actor, episodes)

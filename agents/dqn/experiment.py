@@ -16,9 +16,11 @@ from acme_jax_dqn import environment_loop as loop_lib
 from acme_jax_dqn import envs
 from acme_jax_dqn import loggers
 from acme_jax_dqn import networks as networks_lib
+from acme_jax_dqn import seeding
 from acme_jax_dqn import specs
 from acme_jax_dqn import utils
 from agents.dqn import checkpoints
+from agents.dqn import run_checks
 from agents.dqn.config import ConfigError, DQNConfig
 from agents.dqn.local import LocalAgent
 
@@ -170,7 +172,8 @@ def make_run_loggers(experiment: ExperimentConfig, config: DQNConfig,
         experiment.logdir, experiment.loggers, experiment.total_steps, quiet=experiment.quiet,
         resumed_from=resumed_from, wandb_project=experiment.wandb_project,
         wandb_mode=experiment.wandb_mode,
-        config={**dataclasses.asdict(experiment), **dataclasses.asdict(config)})
+        config={**dataclasses.asdict(experiment), **dataclasses.asdict(config)},
+        train_checks=(run_checks.SupportCheck(config),) if config.distributional else ())
   except ValueError as error:
     raise ConfigError(str(error)) from None
 
@@ -188,7 +191,14 @@ def _recent_mean(episodes, count: int = 20) -> float:
 
 
 def run_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str, Any]:
-  """Trains in the experiment's run mode and returns (and writes) the summary."""
+  """Trains in the experiment's run mode and returns (and writes) the summary.
+
+  Before anything is built or compiled, in every run mode: the output
+  directories must be writable, a new run's checkpoint directory must not
+  hold another run's checkpoints, and a resumed run's must hold one
+  (ConfigError or CheckpointError naming the flag).
+  """
+  checkpoints.check_output_paths(experiment)
   utils.enable_compilation_cache(experiment.compilation_cache_dir)
   if experiment.run_mode == "local":
     # Before the CPU client exists (`run_xla_on_one_cpu_core` creates it): JAX
@@ -201,6 +211,8 @@ def run_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str,
                               min(experiment.num_seeds, utils.MAX_AUTO_CPU_DEVICES)))
   if experiment.one_cpu_core:
     utils.run_xla_on_one_cpu_core()
+  # After the CPU settings above: listing checkpoints (orbax) starts JAX's CPU client.
+  checkpoints.check_start(experiment, config)
   with utils.prng_impl(experiment.prng_impl):  # Every key of the run, then back as it was.
     if experiment.run_mode == "anakin":
       from agents.dqn.anakin import run_anakin_experiment  # Imports gymnax only when asked.
@@ -294,8 +306,11 @@ def run_local_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dic
   seed = experiment.seed
   num_envs = None if config.num_envs == 1 else config.num_envs
   try:  # Bad input shows up here: unknown env, actions or observations the network cannot take.
-    environment = envs.make_environment(experiment.env, seed=seed, num_envs=num_envs)
-    eval_environment = envs.make_environment(experiment.env, seed=seed + 1_000_000)
+    environment = envs.make_environment(
+        experiment.env, seed=seeding.derive_seed(seed, seeding.Stream.TRAIN_ENVS),
+        num_envs=num_envs)
+    eval_environment = envs.make_environment(
+        experiment.env, seed=seeding.derive_seed(seed, seeding.Stream.EVAL_ENV))
     spec = specs.make_environment_spec(environment)
     agent_key, eval_key = jax.random.split(jax.random.PRNGKey(seed))
     agent = LocalAgent(spec, config, agent_key, num_envs=num_envs, env_name=experiment.env)

@@ -13,6 +13,7 @@ Writes <out>/results.md, <out>/results.csv and <out>/curves.png.
 from absl import app
 from absl import flags
 
+from launch.cli import parse_flags
 from launch.experiments import common
 
 flags.DEFINE_string("env", "gymnasium:CartPole-v1", "Environment for every agent.")
@@ -39,4 +40,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

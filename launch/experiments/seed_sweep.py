@@ -12,6 +12,7 @@ import os
 from absl import app
 from absl import flags
 
+from launch.cli import parse_flags
 from launch.experiments import common
 
 flags.DEFINE_string("preset", "launch/configs/cartpole_dqn.cfg", "The flagfile to sweep.")
@@ -35,4 +36,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,46 @@
+"""A run's random streams, each derived from the run's one seed by NumPy's SeedSequence.
+
+Every stream has a path of small integers (`Stream`, then indices such as
+an actor's number or an environment copy's). Its seed is the first word of
+`np.random.SeedSequence(seed, spawn_key=path)`, a hash of the run seed and
+the path, so streams of one run, and of runs with neighbouring seeds, do
+not share a seed the way `seed + offset` schemes do (seed 0's second
+environment copy was seed 1's first).
+"""
+
+import enum
+
+import jax
+import numpy as np
+
+
+class Stream(enum.IntEnum):
+  """The independent random streams of a run (the first element of a path)."""
+  TRAIN_ENVS = 1  # The local training environments (copy i: its seed spawned by the batch).
+  EVAL_ENV = 2  # The evaluation environment (local and distributed modes).
+  ACTOR_ENVS = 3  # A distributed actor node's environments: (ACTOR_ENVS, actor[, life]).
+  ACTOR = 4  # A distributed actor node's exploration key: (ACTOR, actor[, life]).
+  EVALUATOR = 5  # The distributed evaluator's policy key.
+  REPLAY = 6  # The distributed replay node's sampling key.
+  EVAL_KEYS = 7  # Anakin mode's evaluation key of each seed.
+
+
+def derive_seed(seed: int, *path: int) -> int:
+  """A seed in [0, 2**31) for the stream at `path` under the run seed `seed`.
+
+  31 bits, so that every consumer takes it (envpool wants an int32).
+  """
+  if seed < 0:
+    raise ValueError(f"seed must be 0 or positive, got {seed}.")
+  sequence = np.random.SeedSequence(int(seed), spawn_key=tuple(int(p) for p in path))
+  return int(sequence.generate_state(1, np.uint32)[0] >> 1)
+
+
+def derive_key(seed: int, *path: int) -> jax.Array:
+  """`jax.random.PRNGKey` of `derive_seed(seed, *path)`."""
+  return jax.random.PRNGKey(derive_seed(seed, *path))
+
+
+def copy_seeds(seed: int, count: int) -> list:
+  """Seeds of `count` environment copies stepped together, from the batch's seed."""
+  return [derive_seed(seed, index) for index in range(count)]

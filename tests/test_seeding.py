@@ -1,0 +1,64 @@
+"""Seeds of a run's streams: derived from the run seed, distinct within a run and across runs."""
+
+import numpy as np
+
+from acme_jax_dqn import envs
+from acme_jax_dqn import seeding
+from acme_jax_dqn.seeding import Stream
+
+
+def _run_stream_seeds(seed, num_envs=16, num_actors=256):
+  """Every derived seed a run of each mode may use, with its stream's name."""
+  streams = {("agent",): seed}  # The root: jax.random.PRNGKey(seed) in every mode.
+  train = seeding.derive_seed(seed, Stream.TRAIN_ENVS)
+  streams[("train envs",)] = train
+  streams.update({("train env copy", i): s
+                  for i, s in enumerate(seeding.copy_seeds(train, num_envs))})
+  streams[("eval env",)] = seeding.derive_seed(seed, Stream.EVAL_ENV)
+  streams[("anakin eval key",)] = seeding.derive_seed(seed, Stream.EVAL_KEYS)
+  streams[("evaluator",)] = seeding.derive_seed(seed, Stream.EVALUATOR)
+  streams[("replay",)] = seeding.derive_seed(seed, Stream.REPLAY)
+  for actor in range(num_actors):
+    envs_seed = seeding.derive_seed(seed, Stream.ACTOR_ENVS, actor)
+    streams[("actor envs", actor)] = envs_seed
+    streams[("actor key", actor)] = seeding.derive_seed(seed, Stream.ACTOR, actor)
+    streams.update({("actor env copy", actor, i): s
+                    for i, s in enumerate(seeding.copy_seeds(envs_seed, num_envs))})
+  return streams
+
+
+def test_no_two_streams_of_a_run_share_a_seed():
+  for seed in (0, 1, 12345):
+    streams = _run_stream_seeds(seed)
+    values = list(streams.values())
+    assert len(set(values)) == len(values)
+    # Actor 99's environments and the evaluator's were both seed + 1,000,000 before.
+    assert streams[("actor env copy", 99, 0)] != streams[("eval env",)]
+
+
+def test_neighbouring_run_seeds_share_no_stream():
+  runs = [set(_run_stream_seeds(seed, num_envs=8, num_actors=8).values()) - {seed}
+          for seed in range(6)]
+  for i, a in enumerate(runs):
+    for b in runs[i + 1:]:
+      assert not a & b
+
+
+def test_derived_seeds_are_fixed_31_bit_values():
+  assert seeding.derive_seed(7, Stream.EVAL_ENV) == seeding.derive_seed(7, Stream.EVAL_ENV)
+  assert all(0 <= seeding.derive_seed(2 ** 40, 3, i) < 2 ** 31 for i in range(200))
+  assert np.asarray(seeding.derive_key(7, Stream.REPLAY)).shape == (2,)
+
+
+def test_env_copies_start_apart_and_apart_from_the_next_seeds_copies():
+  """Seed 0's copy 1 was seed 1's copy 0 under seed + index; now every copy differs."""
+  first = {}
+  for seed in (0, 1):
+    environment = envs.make_environment("gymnasium:CartPole-v1", seed=seed, num_envs=4)
+    first[seed] = np.asarray(environment.reset().observation)
+    assert len({tuple(row) for row in first[seed]}) == 4
+  assert not any(np.allclose(a, b) for a in first[0] for b in first[1])
+  one = envs.make_environment("gymnasium:CartPole-v1", seed=0)  # Unbatched: the seed as given.
+  np.testing.assert_array_equal(one.reset().observation,
+                                envs.make_environment("gymnasium:CartPole-v1",
+                                                      seed=0).reset().observation)
