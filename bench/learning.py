@@ -14,9 +14,11 @@ printed and written to --out as markdown.
 import csv
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
+import time
 
 from absl import app
 from absl import flags
@@ -122,8 +124,8 @@ def main_anakin():
     verdicts.append(ok)
     line = (f"| **{preset}** | mean of {s['num_seeds']} | | **{mean:.1f}**, lowest {low:.1f} "
             f"({'pass' if ok else 'FAIL'}: mean ≥ {FLAGS.threshold:.0f}, each ≥ "
-            f"{FLAGS.min_seed_threshold:.0f}) | {s['wall_s']:.1f} (compile {s['compile_s']:.1f}) "
-            f"| {solve} |")
+            f"{FLAGS.min_seed_threshold:.0f}; seeds on {s.get('seed_devices', 1)} device(s)) "
+            f"| {s['wall_s']:.1f} (compile {s['compile_s']:.1f}) | {solve} |")
     print(line, flush=True)
     lines.append(line)
     if "fill_run" in s:
@@ -134,7 +136,10 @@ def main_anakin():
   out = FLAGS.out.replace("learning.md", "learning_anakin.md")
   compile_note = ("warm compilation cache (a first run filled it)" if FLAGS.warm_cache
                   else "cold compile")
-  lines.insert(1, f"\nWall times count the compile: {compile_note}.")
+  machine = (f"{platform.machine()} {os.cpu_count()} CPU cores, jax "
+             f"{s.get('versions', {}).get('jax', '?')} on {s.get('backend', '?')}")
+  lines.insert(1, f"\n{time.strftime('%Y-%m-%d')}, {machine}. Wall times count the compile: "
+                  f"{compile_note}.")
   for note in notes:
     print(note)
   lines += [""] + notes if notes else []

@@ -1,5 +1,6 @@
 """Distributed mode on Ray: the rate limiter, a killed actor, a two-node cluster, bad input."""
 
+import csv
 import json
 import os
 import signal
@@ -61,10 +62,10 @@ def _wait_for(path, timeout=240):
   return False
 
 
-def _kill_node_mid_run(logdir, total_steps, node, timeout):
+def _kill_node_mid_run(logdir, total_steps, node, timeout, *extra):
   """Starts a run, SIGKILLs `node(nodes.json)`'s pid once training logs, returns (process, out, err)."""
   process = subprocess.Popen(_cmd(f"--logdir={logdir}", f"--total_steps={total_steps}",
-                                  "--log_every=500", "--eval_every=0"),
+                                  "--log_every=500", "--eval_every=0", *extra),
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
   try:
@@ -132,9 +133,66 @@ def test_replay_too_small_through_the_cli(tmp_path):
   assert result.returncode == 2 and "too small for the rate limiter" in result.stderr
 
 
-def test_a_crashed_learner_ends_the_run_with_a_clear_error(tmp_path):
+def test_a_killed_learner_restarts_from_its_last_checkpoint_and_the_run_completes(tmp_path):
   logdir = tmp_path / "run"
-  process, _, stderr = _kill_node_mid_run(logdir, 200000, lambda n: n["learner"], 120)
+  process, stdout, stderr = _kill_node_mid_run(logdir, 5000, lambda n: n["learner"], 300,
+                                               "--checkpoint_every=1000")
+  assert process.returncode == 0, (stdout[-2000:], stderr[-3000:])
+  summary = json.loads((logdir / "summary.json").read_text())
+  assert summary["learner_restarts"] >= 1 and summary["completed"]
+  assert summary["env_steps"] >= 5000 and summary["env_steps"] == sum(summary["actor_steps"])
+  assert summary["learner_steps"] > 0 and np.isfinite(summary["eval_return_mean"])
+
+
+def test_a_killed_replay_node_ends_the_run_with_a_clear_error(tmp_path):
+  logdir = tmp_path / "run"
+  process, _, stderr = _kill_node_mid_run(logdir, 200000, lambda n: n["replay"], 120)
   assert process.returncode == 3, stderr[-3000:]
   assert "The learner or replay node crashed" in stderr and "Traceback" not in stderr
   assert not (logdir / "summary.json").exists()
+
+
+def test_sigkill_after_a_checkpoint_then_resume_counts_every_step_once(tmp_path):
+  """The driver dies (SIGKILL) right after its checkpoint at 1,500 steps; --resume goes on from
+  the saved replay, learner and counts to the budget, and the counts add up exactly."""
+  from agents.dqn.checkpoints import SIGKILL_AT_STEP_VAR  # pylint: disable=import-outside-toplevel
+  logdir = tmp_path / "run"
+  args = (f"--logdir={logdir}", "--total_steps=3000", "--checkpoint_every=1500",
+          "--log_every=500", "--eval_every=0")
+  # Output to files: Ray's agents outlive a SIGKILLed driver for a while and would hold pipes.
+  with open(tmp_path / "killed.err", "w") as err:
+    killed = subprocess.run(_cmd(*args), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
+                            timeout=300, env={**os.environ, SIGKILL_AT_STEP_VAR: "1500"})
+  assert killed.returncode == -signal.SIGKILL, (tmp_path / "killed.err").read_text()[-3000:]
+  assert not (logdir / "summary.json").exists()
+  with open(tmp_path / "resumed.err", "w") as err:
+    resumed = subprocess.run(_cmd(*args, "--resume"), cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=err, timeout=300)
+  assert resumed.returncode == 0, (tmp_path / "resumed.err").read_text()[-3000:]
+  summary = json.loads((logdir / "summary.json").read_text())
+  saved = summary["resumed_from_step"]
+  assert 1500 <= saved < 3000
+  assert summary["env_steps"] >= 3000 and summary["env_steps"] == sum(summary["actor_steps"])
+  assert summary["env_steps_this_start"] == summary["env_steps"] - saved
+  with open(logdir / "train.csv") as f:
+    rows = list(csv.DictReader(f))
+  steps = [int(r["env_steps"]) for r in rows]
+  assert steps == sorted(steps) and len(steps) == len(set(steps))  # No row written twice.
+  before = [int(r["learner_steps"]) for r in rows if int(r["env_steps"]) <= saved]
+  after = [int(r["learner_steps"]) for r in rows if int(r["env_steps"]) > saved]
+  assert before and after and after[0] >= before[-1] > 0  # Continued, not from 0.
+
+
+def test_the_distributed_cartpole_preset_learns(tmp_path):
+  """launch/configs/cartpole_distributed.cfg on a short budget: well above a random policy."""
+  logdir = tmp_path / "run"
+  with open(tmp_path / "err", "w") as err:
+    result = subprocess.run(
+        [sys.executable, "-m", "launch.run_dqn",
+         "--flagfile=launch/configs/cartpole_distributed.cfg", f"--logdir={logdir}",
+         "--total_steps=12000", "--eval_every=0", "--quiet", "--nosave_checkpoints"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, timeout=600)
+  assert result.returncode == 0, (tmp_path / "err").read_text()[-3000:]
+  summary = json.loads((logdir / "summary.json").read_text())
+  assert summary["env_steps"] >= 12000 and summary["learner_steps"] > 5000
+  assert summary["eval_return_mean"] > 5 * 22.0, summary["eval_return_mean"]  # Random: ~22.

@@ -374,9 +374,6 @@ def check_experiment(experiment) -> None:
   if experiment.checkpoint_every > 0 and not experiment.save_checkpoints:
     raise ConfigError(f"--checkpoint_every={experiment.checkpoint_every} asks for "
                       "checkpoints and --nosave_checkpoints turns them off; drop one.")
-  if experiment.run_mode == "distributed" and experiment.resume:
-    raise ConfigError("--resume: distributed runs save a final checkpoint (for "
-                      "launch.evaluate) but cannot resume yet; run without --resume.")
   if experiment.run_mode == "anakin" and not experiment.checkpoint_replay:
     raise ConfigError("--nocheckpoint_replay: in anakin mode the replay is part of the "
                       "compiled state and is always saved; drop the flag.")

@@ -28,7 +28,9 @@ Python, so the nodes are Ray actors):
 The driver (`run_distributed_experiment`) starts a local Ray (or joins
 `--ray_address`), runs the nodes until `total_steps` env steps or
 `max_learner_steps` learner steps, and writes the same files as the
-other modes.
+other modes. It checkpoints the learner, the replay and the replay's
+counts (`_ProgramCheckpoints`), resumes from them with `--resume`, and
+restarts a crashed learner from the newest one.
 """
 
 import os
@@ -203,6 +205,32 @@ class ReplayNode:
             "inserts_per_s": self._limiter.inserts / elapsed,
             "samples_per_s": self._limiter.samples / elapsed}
 
+  async def get_state(self, include_buffer: bool) -> Dict[str, Any]:
+    """Counts, sampling key and (with `include_buffer`) the items, in one snapshot (numpy)."""
+    async with self._cond():
+      state = {"actor_steps": dict(self._actor_steps), "inserted": self._limiter.inserts,
+               "sampled": self._limiter.samples, "key": np.asarray(self._key)}
+      if include_buffer:
+        state["buffer"] = jax.device_get(self._buffer.state)
+        state["buffer_host"] = self._buffer.get_host_state()
+    return state
+
+  async def set_state(self, state: Dict[str, Any]) -> None:
+    """Continues from `get_state`'s snapshot; without its items replay refills from empty.
+
+    The env-step counts carry over either way, so a resumed run spends only
+    what is left of the budget; an empty replay waits for `min_replay_size`
+    new items before the learner samples again.
+    """
+    async with self._cond():
+      self._actor_steps = {int(k): int(v) for k, v in state["actor_steps"].items()}
+      self._key = jax.numpy.asarray(state["key"])
+      if "buffer" in state:
+        self._buffer.state = jax.device_put(state["buffer"])
+        self._buffer.set_host_state(state["buffer_host"])
+        self._limiter.inserts, self._limiter.samples = state["inserted"], state["sampled"]
+      self._cond().notify_all()
+
   async def ping(self) -> bool:
     return True
 
@@ -302,8 +330,16 @@ class LearnerNode:
             "first_nonfinite_step": int(self._state.first_nonfinite_step),
             "steps_per_s": self._steps / max(time.time() - self._start, 1e-9)}
 
-  def state(self):
-    return jax.device_get(self._state)
+  def snapshot(self) -> Dict[str, Any]:
+    """The TrainingState (numpy) and the SGD steps taken, for checkpoints and restarts."""
+    return {"state": jax.device_get(self._state), "learner_steps": self._steps}
+
+  def set_state(self, state, learner_steps: int) -> None:
+    """Continues from a snapshot (a resumed run, or this node restarted after a crash)."""
+    self._state = jax.device_put(state)
+    self._steps = int(learner_steps)
+    self._pending = None
+    self.publish()
 
   def pid(self) -> int:
     return os.getpid()
@@ -321,8 +357,11 @@ class _RemoteVariables:
     while True:
       found = self._ray.get(self._server.get.remote(self._version))
       if found is not None:
-        self._version = found[0]
-        self._params = self._ray.get(found[1][0])
+        try:
+          self._params = self._ray.get(found[1][0])
+          self._version = found[0]
+        except self._ray.exceptions.RayError:
+          pass  # Put by a learner process that died: keep what is held; a restart republishes.
       if self._params is not None:
         return [self._params for _ in names]
       time.sleep(0.05)  # The learner has not published yet.
@@ -406,6 +445,10 @@ class ActorNode:
       self._wait_for_insert()
     return {"actor_id": self.actor_id, "episode_returns": [e["episode_return"] for e in episodes],
             "sent_steps": self._sent_steps, "closed": self._closed}
+
+  def set_steps(self, num_steps: int) -> None:
+    """Continues the epsilon schedule from `num_steps` of this actor (resume or restart)."""
+    self._actor.num_steps = int(num_steps)
 
   def info(self) -> Dict[str, Any]:
     import ray  # pylint: disable=import-outside-toplevel
@@ -492,13 +535,103 @@ def run_distributed_experiment(experiment, config: DQNConfig) -> Dict[str, Any]:
       ray.shutdown()
 
 
+LEARNER_RESTARTS = 3  # Crashes of the learner node a run recovers from.
+
+
+class _ProgramCheckpoints:
+  """Saves and restores the distributed program's state through the run's checkpoints.
+
+  A checkpoint holds the learner's TrainingState, the replay items (with
+  `--checkpoint_replay`; without them a resumed replay refills to
+  `min_replay_size` first) and, on the host, the replay's accepted env-step
+  counts per actor, its sampling key and rate-limiter counts, the learner
+  steps, the evaluations and the restart counts. The counts come from the
+  replay's one snapshot, so a resumed run counts every accepted step once.
+  The newest learner snapshot also serves a learner node that crashed.
+  """
+
+  def __init__(self, ray, experiment, config: DQNConfig, spec, nodes):
+    self._ray, self._experiment, self._config = ray, experiment, config
+    self.replay, self.learner, self.actors = nodes
+    self.run = checkpoints.RunCheckpoints(experiment, config)
+    self.learner_snapshot: Optional[Dict[str, Any]] = None
+    builder = DQNBuilder(config)
+    networks = builder.make_networks(spec, experiment.env)
+    learner_target = jax.eval_shape(
+        lambda key: learning.init_training_state(networks, builder.make_optimizer(), key),
+        jax.random.PRNGKey(0))
+    self._target = {"learner": learner_target}
+    if experiment.checkpoint_replay:
+      self._target["replay"] = jax.eval_shape(builder.make_replay().init,
+                                              builder.example_transition(spec))
+
+  def save(self, host: Dict[str, Any]) -> int:
+    """Snapshots the replay and the learner and saves them; returns the env steps saved."""
+    ray = self._ray
+    replay_state = ray.get(self.replay.get_state.remote(self._experiment.checkpoint_replay))
+    self.learner_snapshot = ray.get(self.learner.snapshot.remote())
+    state = self.learner_snapshot["state"]
+    arrays = {"learner": state}
+    if "buffer" in replay_state:
+      arrays["replay"] = replay_state.pop("buffer")
+    env_steps = sum(replay_state["actor_steps"].values())
+    learner_steps = self.learner_snapshot["learner_steps"]
+    self.run.save(env_steps, arrays, {**host, "replay": replay_state,
+                                      "learner_steps": learner_steps}, {
+        "run_mode": "distributed", "learner_steps": learner_steps,
+        "replay_saved": "replay" in arrays,
+        "nonfinite_updates": int(state.nonfinite_updates)}, params=state.online_params)
+    return env_steps
+
+  def restore(self) -> Dict[str, Any]:
+    """Loads the newest checkpoint into the nodes; returns its host state and env steps."""
+    ray = self._ray
+    arrays, meta, host = self.run.restore(self._target)
+    arrays = jax.device_get(arrays)
+    replay_state = dict(host["replay"])
+    if "replay" in arrays:
+      replay_state["buffer"] = arrays["replay"]
+    self.learner_snapshot = {"state": arrays["learner"],
+                             "learner_steps": host["learner_steps"]}
+    ray.get([self.replay.set_state.remote(replay_state),
+             self.learner.set_state.remote(arrays["learner"], host["learner_steps"])])
+    self.resume_actors(replay_state["actor_steps"])
+    return {**host, "env_steps": int(meta["env_steps"])}
+
+  def resume_actors(self, actor_steps: Dict[int, int], only: Optional[int] = None) -> None:
+    """Actors continue their epsilon schedules from their counted env steps."""
+    for i, actor in enumerate(self.actors):
+      if only is None or i == only:
+        actor.set_steps.remote(int(actor_steps.get(i, 0)))
+
+  def restart_learner(self, timeout_s: float = 300.0) -> None:
+    """Waits for Ray to restart the learner node, which continues from the newest snapshot.
+
+    Without a snapshot (no checkpoint yet) it starts from fresh parameters.
+    """
+    ray = self._ray
+    deadline = time.time() + timeout_s
+    while True:
+      try:
+        if self.learner_snapshot is None:
+          ray.get(self.learner.pid.remote())
+        else:
+          ray.get(self.learner.set_state.remote(self.learner_snapshot["state"],
+                                                self.learner_snapshot["learner_steps"]))
+        return
+      except ray.exceptions.ActorUnavailableError:  # Still restarting.
+        if time.time() > deadline:
+          raise
+        time.sleep(0.5)
+
+
 def _run(ray, experiment, config, spec, start, num_actors, insert_batch):
   seed, env_name = experiment.seed, experiment.env
   variables = ray.remote(num_cpus=0)(VariableServer).remote()
   replay = ray.remote(num_cpus=0, max_restarts=0)(ReplayNode).remote(
       config, spec, seed, num_actors, insert_batch, experiment.total_steps)
-  learner = ray.remote(num_cpus=0, max_restarts=0)(LearnerNode).remote(
-      config, spec, env_name, seed, replay, variables)
+  learner = ray.remote(num_cpus=0, max_restarts=LEARNER_RESTARTS, max_task_retries=0)(
+      LearnerNode).remote(config, spec, env_name, seed, replay, variables)
   actor_options = {"num_cpus": 0, "max_restarts": -1, "max_task_retries": 0}
   if experiment.actor_resource:
     actor_options["resources"] = {experiment.actor_resource: 0.001}
@@ -508,7 +641,22 @@ def _run(ray, experiment, config, spec, start, num_actors, insert_batch):
   evaluator = ray.remote(num_cpus=0)(EvaluatorNode).remote(config, env_name, seed, variables)
   ray.get(replay.ping.remote())
   actor_info = ray.get([a.info.remote() for a in actor_handles])
+  program = _ProgramCheckpoints(ray, experiment, config, spec,
+                                (replay, learner, actor_handles))
+  restarts = [0] * num_actors
+  learner_restarts = 0
+  returns: List[float] = []
+  eval_rows: List[Dict[str, Any]] = []
+  resumed_from = None
+  if experiment.resume:
+    host = program.restore()
+    resumed_from = host["env_steps"]
+    eval_rows, returns = list(host["eval_rows"]), list(host["returns"])
+    restarts = [host["actor_restarts"][i] if i < len(host["actor_restarts"]) else 0
+                for i in range(num_actors)]
+    learner_restarts = host["learner_restarts"]
   compile_s = time.perf_counter() - start
+  first_step = resumed_from or 0
 
   os.makedirs(experiment.logdir, exist_ok=True)
   # Where each node runs (pid, Ray node), for operators and the fault test.
@@ -516,120 +664,140 @@ def _run(ray, experiment, config, spec, start, num_actors, insert_batch):
       "actors": actor_info, "learner": {"pid": ray.get(learner.pid.remote())},
       "replay": {"pid": ray.get(replay.pid.remote())},
       "ray_address": ray.get_runtime_context().gcs_address})
-  run_log = make_run_loggers(experiment, config)
-  try:
-    actor_chunk = max(50, insert_batch)
-    pending = {a.run.remote(actor_chunk): i for i, a in enumerate(actor_handles)}
-    learner_calls = max(1, 100 // config.num_sgd_steps_per_step)  # Per driver round.
-    learner_ref = learner.run.remote(learner_calls)
-    learner_result: Dict[str, Any] = {"learner_steps": 0, "metrics": {}}
-    restarts = [0] * num_actors
-    returns: List[float] = []
-    eval_rows: List[Dict[str, Any]] = []
-    eval_ref, eval_at = None, None
-    next_log = experiment.log_every
-    next_eval = experiment.eval_every or None
-    stats = ray.get(replay.stats.remote())
-    train_start = time.perf_counter()
-    max_learner = experiment.max_learner_steps or None
 
-    def learner_failed(error):
-      raise NodeCrashed(f"The learner or replay node crashed ({type(error).__name__}: "
-                         f"{str(error).splitlines()[0][:300]}); the distributed run "
-                         "cannot go on without them. See the Ray logs under "
-                         "/tmp/ray/session_latest/logs.") from None
+  def host_state():
+    return {"eval_rows": eval_rows, "returns": returns[-100:], "actor_restarts": restarts,
+            "learner_restarts": learner_restarts}
 
-    while True:
-      refs = list(pending) + [learner_ref] + ([eval_ref] if eval_ref is not None else [])
-      ready, _ = ray.wait(refs, num_returns=1, timeout=1.0)
-      for ref in ready:
-        if ref is learner_ref:
-          try:
-            learner_result = ray.get(ref)
-          except ray.exceptions.RayError as error:
-            learner_failed(error)
-          learner_ref = learner.run.remote(learner_calls)
-        elif ref is eval_ref:
-          values = ray.get(ref)
-          row = {"env_steps": eval_at, "learner_steps": learner_result["learner_steps"],
+  run_log = make_run_loggers(experiment, config, resumed_from)
+  # SIGTERM / Ctrl-C save a checkpoint at the next driver round and stop.
+  with checkpoints.Preemption() as preemption:
+    try:
+      actor_chunk = max(50, insert_batch)
+      pending = {a.run.remote(actor_chunk): i for i, a in enumerate(actor_handles)}
+      learner_calls = max(1, 100 // config.num_sgd_steps_per_step)  # Per driver round.
+      learner_ref = learner.run.remote(learner_calls)
+      learner_result: Dict[str, Any] = {
+          "learner_steps": (program.learner_snapshot or {}).get("learner_steps", 0),
+          "metrics": {}}
+      eval_ref, eval_at = None, None
+      next_log = checkpoints.next_multiple(first_step, experiment.log_every)
+      next_eval = checkpoints.next_multiple(first_step, experiment.eval_every)
+      next_save = checkpoints.next_multiple(first_step, program.run.every)
+      stats = ray.get(replay.stats.remote())
+      train_start = time.perf_counter()
+      max_learner = experiment.max_learner_steps or None
+
+      def learner_failed(error):
+        raise NodeCrashed(f"The learner or replay node crashed ({type(error).__name__}: "
+                           f"{str(error).splitlines()[0][:300]}); the distributed run "
+                           "cannot go on without them. See the Ray logs under "
+                           "/tmp/ray/session_latest/logs.") from None
+
+      while True:
+        refs = list(pending) + [learner_ref] + ([eval_ref] if eval_ref is not None else [])
+        ready, _ = ray.wait(refs, num_returns=1, timeout=1.0)
+        for ref in ready:
+          if ref is learner_ref:
+            try:
+              learner_result = ray.get(ref)
+            except ray.exceptions.RayActorError as error:  # The learner process died.
+              if learner_restarts >= LEARNER_RESTARTS:
+                learner_failed(error)
+              learner_restarts += 1
+              try:
+                program.restart_learner()  # Ray restarts the node; it continues from there.
+              except ray.exceptions.RayError as again:
+                learner_failed(again)
+            except ray.exceptions.RayError as error:
+              learner_failed(error)
+            learner_ref = learner.run.remote(learner_calls)
+          elif ref is eval_ref:
+            values = ray.get(ref)
+            row = {"env_steps": eval_at, "learner_steps": learner_result["learner_steps"],
+                   "wall_s": time.perf_counter() - start,
+                   "eval_return_mean": float(np.mean(values)),
+                   "eval_return_std": float(np.std(values)), "eval_episodes": len(values)}
+            run_log.eval(row)
+            eval_rows.append(row)
+            eval_ref = None
+          else:
+            i = pending.pop(ref)
+            try:
+              result = ray.get(ref)
+              returns.extend(result["episode_returns"])
+            except ray.exceptions.RayActorError:
+              restarts[i] += 1  # Ray restarts it; its unsent transitions were never counted.
+              program.resume_actors(stats["actor_steps"], only=i)
+            pending[actor_handles[i].run.remote(actor_chunk)] = i
+        try:
+          stats = ray.get(replay.stats.remote())
+        except ray.exceptions.RayError as error:
+          learner_failed(error)
+        env_steps = stats["env_steps"]
+        done = (env_steps >= experiment.total_steps
+                or (max_learner is not None and learner_result["learner_steps"] >= max_learner))
+        if env_steps >= next_log or done:
+          next_log = checkpoints.next_multiple(env_steps, experiment.log_every)
+          elapsed = time.perf_counter() - train_start
+          row = {"env_steps": env_steps, "learner_steps": learner_result["learner_steps"],
                  "wall_s": time.perf_counter() - start,
-                 "eval_return_mean": float(np.mean(values)),
-                 "eval_return_std": float(np.std(values)), "eval_episodes": len(values)}
-          run_log.eval(row)
-          eval_rows.append(row)
-          eval_ref = None
+                 "sps": (env_steps - first_step) / max(elapsed, 1e-9),
+                 "episodes": len(returns),
+                 "return_recent": float(np.mean(returns[-20:])) if returns else float("nan"),
+                 "learner_steps_per_s": learner_result.get("steps_per_s", 0.0),
+                 "actor_restarts": sum(restarts), "learner_restarts": learner_restarts,
+                 "replay_size": stats["size"], **learner_result["metrics"],
+                 "nonfinite_updates": learner_result.get("nonfinite_updates", 0)}
+          run_log.train(row)
         else:
-          i = pending.pop(ref)
-          try:
-            result = ray.get(ref)
-            returns.extend(result["episode_returns"])
-          except ray.exceptions.RayActorError:
-            restarts[i] += 1  # Ray restarts it; its unsent transitions were never counted.
-          pending[actor_handles[i].run.remote(actor_chunk)] = i
+          run_log.progress(env_steps)
+        if (next_eval is not None and env_steps >= next_eval and eval_ref is None
+            and not done):
+          eval_ref, eval_at = evaluator.evaluate.remote(experiment.eval_episodes), env_steps
+          next_eval = checkpoints.next_multiple(env_steps, experiment.eval_every)
+        if done:
+          break
+        if program.run.due(env_steps, next_save):
+          saved_at = program.save(host_state())
+          next_save = checkpoints.next_multiple(saved_at, program.run.every)
+          program.run.maybe_kill(saved_at)
+        if preemption.requested():
+          saved_at = program.save(host_state())
+          raise checkpoints.RunInterrupted(preemption.signum, saved_at, program.run.last_path)
+
+      ray.get(replay.close.remote())
+      train_s = time.perf_counter() - train_start
+      for handle in actor_handles:
+        ray.kill(handle, no_restart=True)
       try:
-        stats = ray.get(replay.stats.remote())
+        learner_result = ray.get(learner_ref)
       except ray.exceptions.RayError as error:
         learner_failed(error)
-      env_steps = stats["env_steps"]
-      done = (env_steps >= experiment.total_steps
-              or (max_learner is not None and learner_result["learner_steps"] >= max_learner))
-      if env_steps >= next_log or done:
-        next_log = (env_steps // experiment.log_every + 1) * experiment.log_every
-        elapsed = time.perf_counter() - train_start
-        row = {"env_steps": env_steps, "learner_steps": learner_result["learner_steps"],
-               "wall_s": time.perf_counter() - start, "sps": env_steps / max(elapsed, 1e-9),
-               "episodes": len(returns),
-               "return_recent": float(np.mean(returns[-20:])) if returns else float("nan"),
-               "learner_steps_per_s": learner_result.get("steps_per_s", 0.0),
-               "actor_restarts": sum(restarts), "replay_size": stats["size"],
-               **learner_result["metrics"],
-               "nonfinite_updates": learner_result.get("nonfinite_updates", 0)}
-        run_log.train(row)
-      else:
-        run_log.progress(env_steps)
-      if (next_eval is not None and env_steps >= next_eval and eval_ref is None and not done):
-        eval_ref, eval_at = evaluator.evaluate.remote(experiment.eval_episodes), env_steps
-        next_eval = (env_steps // experiment.eval_every + 1) * experiment.eval_every
-      if done:
-        break
+      stats = ray.get(replay.stats.remote())
+      if eval_ref is not None:
+        ray.get(eval_ref)
+      eval_start = time.perf_counter()
+      values = ray.get(evaluator.evaluate.remote(experiment.eval_episodes))
+      eval_s = time.perf_counter() - eval_start
+      final = {"env_steps": stats["env_steps"], "learner_steps": learner_result["learner_steps"],
+               "wall_s": time.perf_counter() - start,
+               "eval_return_mean": float(np.mean(values)),
+               "eval_return_std": float(np.std(values)), "eval_episodes": len(values)}
+      run_log.eval(final)
+      eval_rows.append(final)
+      program.save(host_state())  # The final checkpoint: resumable, and for launch.evaluate.
+      learner_state = program.learner_snapshot["state"]
+      wall_s = time.perf_counter() - start
+    finally:
+      run_log.close()  # Also when a node crashes: no bar left drawn, no file left open.
+      program.run.close()
 
-    ray.get(replay.close.remote())
-    train_s = time.perf_counter() - train_start
-    for handle in actor_handles:
-      ray.kill(handle, no_restart=True)
-    try:
-      final_learner = ray.get(learner_ref)
-      learner_result = final_learner
-    except ray.exceptions.RayError as error:
-      learner_failed(error)
-    stats = ray.get(replay.stats.remote())
-    if eval_ref is not None:
-      ray.get(eval_ref)
-    eval_start = time.perf_counter()
-    values = ray.get(evaluator.evaluate.remote(experiment.eval_episodes))
-    eval_s = time.perf_counter() - eval_start
-    final = {"env_steps": stats["env_steps"], "learner_steps": learner_result["learner_steps"],
-             "wall_s": time.perf_counter() - start,
-             "eval_return_mean": float(np.mean(values)), "eval_return_std": float(np.std(values)),
-             "eval_episodes": len(values)}
-    run_log.eval(final)
-    learner_state = ray.get(learner.state.remote())
-    wall_s = time.perf_counter() - start
-  finally:
-    run_log.close()  # Also when a node crashes: no bar left drawn, no file left open.
-
-  # The final checkpoint (learner state and policy), for launch.evaluate;
-  # resuming a distributed run is not built yet.
-  run_checkpoints = checkpoints.RunCheckpoints(experiment, config)
-  run_checkpoints.save(stats["env_steps"], {"learner": learner_state}, None,
-                       {"run_mode": "distributed",
-                        "learner_steps": learner_result["learner_steps"]},
-                       params=learner_state.online_params)
-  run_checkpoints.close()
   actor_steps = {int(k): int(v) for k, v in stats["actor_steps"].items()}
   summary = base_summary(experiment, config, env_steps=stats["env_steps"],
                          learner_steps=learner_result["learner_steps"], wall_s=wall_s,
-                         compile_s=compile_s, eval_s=eval_s, final_eval=final, spec=spec)
+                         compile_s=compile_s, eval_s=eval_s, final_eval=final, spec=spec,
+                         steps_this_start=stats["env_steps"] - first_step)
   summary.update(
       train_episodes=len(returns),
       train_return_recent=float(np.mean(returns[-20:])) if returns else float("nan"),
@@ -639,6 +807,7 @@ def _run(ray, experiment, config, spec, start, num_actors, insert_batch):
       actor_node_ids=[info["node_id"] for info in actor_info],
       actor_restarts=restarts,
       actor_restarts_total=sum(restarts),
+      learner_restarts=learner_restarts,
       learner_steps_per_s=learner_result["learner_steps"] / train_s,
       replay_inserts=stats["inserted"], replay_samples=stats["sampled"],
       replay_inserts_per_s=stats["inserted"] / train_s,
@@ -647,6 +816,6 @@ def _run(ray, experiment, config, spec, start, num_actors, insert_batch):
       ray_address=experiment.ray_address or os.environ.get("RAY_ADDRESS", "") or "local",
       params_checksum=checkpointing.params_checksum(learner_state.online_params),
       nonfinite_updates=learner_result.get("nonfinite_updates", 0),
-      **checkpoint_summary(run_checkpoints, None))
+      **checkpoint_summary(program.run, resumed_from))
   loggers.write_json_atomic(os.path.join(experiment.logdir, "summary.json"), summary)
   return summary
