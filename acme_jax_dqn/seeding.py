@@ -4,8 +4,8 @@ Every stream has a path of small integers (`Stream`, then indices such as
 an actor's number or an environment copy's). Its seed is the first word of
 `np.random.SeedSequence(seed, spawn_key=path)`, a hash of the run seed and
 the path, so streams of one run, and of runs with neighbouring seeds, do
-not share a seed the way `seed + offset` schemes do (seed 0's second
-environment copy was seed 1's first).
+not share a seed the way `seed + offset` schemes do (where seed 0's second
+environment copy is seed 1's first).
 """
 
 import enum

@@ -62,7 +62,8 @@ def make_environment(name: str, seed: Optional[int] = None,
       imports `module` first, for environments it registers.
     seed: seeds the environment's first reset; copies stepped together get
       the seeds `seeding.copy_seeds(seed, num_envs)` (distinct, and apart
-      from other runs' seeds).
+      from other runs' seeds), except envpool's, which envpool seeds itself
+      from the one seed it is given.
     num_envs: None for one unbatched environment, or a number of copies
       stepped together (timesteps with a leading env axis).
   """

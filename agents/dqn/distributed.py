@@ -30,7 +30,7 @@ The driver (`run_distributed_experiment`) starts a local Ray (or joins
 `max_learner_steps` learner steps, and writes the same files as the
 other modes. It checkpoints the learner, the replay and the replay's
 counts (`_ProgramCheckpoints`), resumes from them with `--resume`, and
-restarts a crashed learner from the newest one.
+continues a crashed learner from the driver's newest learner snapshot.
 """
 
 import os
@@ -246,7 +246,11 @@ class VariableServer:
     self._params_ref = None
 
   def set(self, version: int, params_ref_in_list: List[Any]) -> None:
-    self._version, self._params_ref = version, params_ref_in_list[0]
+    """Holds the newest parameters; the server numbers them, so a restarted learner's
+    first publish is still newer than what the actors hold."""
+    del version  # The publisher's own count starts over when its process restarts.
+    self._version += 1
+    self._params_ref = params_ref_in_list[0]
 
   def get(self, known_version: int):
     """[version, [ref]] when newer than `known_version`, else None."""
@@ -287,7 +291,8 @@ class LearnerNode:
     self._metrics: Dict[str, float] = {}
     self._pending = None
     self._start = time.time()
-    self.publish()
+    if not ray.get_runtime_context().was_current_actor_reconstructed:
+      self.publish()  # A restarted node publishes once the driver restores its state.
 
   def publish(self) -> None:
     params = jax.device_get(self._state.online_params)
@@ -536,6 +541,7 @@ def run_distributed_experiment(experiment, config: DQNConfig) -> Dict[str, Any]:
 
 
 LEARNER_RESTARTS = 3  # Crashes of the learner node a run recovers from.
+LEARNER_SNAPSHOT_S = 30.0  # Seconds between learner snapshots kept on the driver.
 
 
 class _ProgramCheckpoints:
@@ -547,7 +553,9 @@ class _ProgramCheckpoints:
   counts per actor, its sampling key and rate-limiter counts, the learner
   steps, the evaluations and the restart counts. The counts come from the
   replay's one snapshot, so a resumed run counts every accepted step once.
-  The newest learner snapshot also serves a learner node that crashed.
+  The driver also keeps the learner's state every `LEARNER_SNAPSHOT_S`
+  seconds (checkpoints on or off); a learner node that crashed continues
+  from the newest of these snapshots.
   """
 
   def __init__(self, ray, experiment, config: DQNConfig, spec, nodes):
@@ -555,6 +563,8 @@ class _ProgramCheckpoints:
     self.replay, self.learner, self.actors = nodes
     self.run = checkpoints.RunCheckpoints(experiment, config)
     self.learner_snapshot: Optional[Dict[str, Any]] = None
+    self.learner_restarts = 0
+    self.snapshot_at = time.time()
     builder = DQNBuilder(config)
     networks = builder.make_networks(spec, experiment.env)
     learner_target = jax.eval_shape(
@@ -565,11 +575,31 @@ class _ProgramCheckpoints:
       self._target["replay"] = jax.eval_shape(builder.make_replay().init,
                                               builder.example_transition(spec))
 
+  def snapshot_learner(self) -> None:
+    """Keeps the learner's newest state on the driver (what a restarted learner resumes)."""
+    while True:
+      try:
+        self.learner_snapshot = self._ray.get(self.learner.snapshot.remote())
+        self.snapshot_at = time.time()
+        return
+      except self._ray.exceptions.RayActorError as error:  # Died meanwhile: restart, retry.
+        self.recover_learner(error)
+
+  def recover_learner(self, error: Exception) -> None:
+    """After the learner process died: Ray restarts it; it continues from the newest snapshot."""
+    if self.learner_restarts >= LEARNER_RESTARTS:
+      raise NodeCrashed(f"The learner node crashed {self.learner_restarts + 1} times "
+                        f"({type(error).__name__}: {str(error).splitlines()[0][:300]}); the "
+                        "run stops. See the Ray logs under /tmp/ray/session_latest/logs.")
+    self.learner_restarts += 1
+    self.restart_learner()
+
   def save(self, host: Dict[str, Any]) -> int:
     """Snapshots the replay and the learner and saves them; returns the env steps saved."""
     ray = self._ray
-    replay_state = ray.get(self.replay.get_state.remote(self._experiment.checkpoint_replay))
-    self.learner_snapshot = ray.get(self.learner.snapshot.remote())
+    with_items = self._experiment.checkpoint_replay and self.run.enabled
+    replay_state = ray.get(self.replay.get_state.remote(with_items))
+    self.snapshot_learner()
     state = self.learner_snapshot["state"]
     arrays = {"learner": state}
     if "buffer" in replay_state:
@@ -587,6 +617,11 @@ class _ProgramCheckpoints:
     """Loads the newest checkpoint into the nodes; returns its host state and env steps."""
     ray = self._ray
     arrays, meta, host = self.run.restore(self._target)
+    if not host or "replay" not in host:
+      raise checkpointing.CheckpointError(
+          f"--resume: {self.run.last_path} holds a distributed run's final parameters only "
+          "(no replay counts), so the run cannot continue from it. Start a new run in a new "
+          "--logdir; launch.evaluate still reads that checkpoint.")
     arrays = jax.device_get(arrays)
     replay_state = dict(host["replay"])
     if "replay" in arrays:
@@ -612,16 +647,19 @@ class _ProgramCheckpoints:
     ray = self._ray
     deadline = time.time() + timeout_s
     while True:
+      left = max(1.0, deadline - time.time())
       try:
         if self.learner_snapshot is None:
-          ray.get(self.learner.pid.remote())
+          ray.get(self.learner.pid.remote(), timeout=left)
         else:
           ray.get(self.learner.set_state.remote(self.learner_snapshot["state"],
-                                                self.learner_snapshot["learner_steps"]))
+                                                self.learner_snapshot["learner_steps"]),
+                  timeout=left)
         return
-      except ray.exceptions.ActorUnavailableError:  # Still restarting.
-        if time.time() > deadline:
-          raise
+      except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError) as error:
+        if time.time() > deadline:  # Still restarting after the timeout.
+          raise NodeCrashed(f"The learner node did not come back within {timeout_s:.0f} s "
+                            f"of a crash ({type(error).__name__}).") from None
         time.sleep(0.5)
 
 
@@ -644,7 +682,6 @@ def _run(ray, experiment, config, spec, start, num_actors, insert_batch):
   program = _ProgramCheckpoints(ray, experiment, config, spec,
                                 (replay, learner, actor_handles))
   restarts = [0] * num_actors
-  learner_restarts = 0
   returns: List[float] = []
   eval_rows: List[Dict[str, Any]] = []
   resumed_from = None
@@ -654,7 +691,7 @@ def _run(ray, experiment, config, spec, start, num_actors, insert_batch):
     eval_rows, returns = list(host["eval_rows"]), list(host["returns"])
     restarts = [host["actor_restarts"][i] if i < len(host["actor_restarts"]) else 0
                 for i in range(num_actors)]
-    learner_restarts = host["learner_restarts"]
+    program.learner_restarts = host["learner_restarts"]
   compile_s = time.perf_counter() - start
   first_step = resumed_from or 0
 
@@ -667,7 +704,7 @@ def _run(ray, experiment, config, spec, start, num_actors, insert_batch):
 
   def host_state():
     return {"eval_rows": eval_rows, "returns": returns[-100:], "actor_restarts": restarts,
-            "learner_restarts": learner_restarts}
+            "learner_restarts": program.learner_restarts}
 
   run_log = make_run_loggers(experiment, config, resumed_from)
   # SIGTERM / Ctrl-C save a checkpoint at the next driver round and stop.
@@ -702,13 +739,7 @@ def _run(ray, experiment, config, spec, start, num_actors, insert_batch):
             try:
               learner_result = ray.get(ref)
             except ray.exceptions.RayActorError as error:  # The learner process died.
-              if learner_restarts >= LEARNER_RESTARTS:
-                learner_failed(error)
-              learner_restarts += 1
-              try:
-                program.restart_learner()  # Ray restarts the node; it continues from there.
-              except ray.exceptions.RayError as again:
-                learner_failed(again)
+              program.recover_learner(error)
             except ray.exceptions.RayError as error:
               learner_failed(error)
             learner_ref = learner.run.remote(learner_calls)
@@ -746,7 +777,8 @@ def _run(ray, experiment, config, spec, start, num_actors, insert_batch):
                  "episodes": len(returns),
                  "return_recent": float(np.mean(returns[-20:])) if returns else float("nan"),
                  "learner_steps_per_s": learner_result.get("steps_per_s", 0.0),
-                 "actor_restarts": sum(restarts), "learner_restarts": learner_restarts,
+                 "actor_restarts": sum(restarts),
+                 "learner_restarts": program.learner_restarts,
                  "replay_size": stats["size"], **learner_result["metrics"],
                  "nonfinite_updates": learner_result.get("nonfinite_updates", 0)}
           run_log.train(row)
@@ -758,6 +790,8 @@ def _run(ray, experiment, config, spec, start, num_actors, insert_batch):
           next_eval = checkpoints.next_multiple(env_steps, experiment.eval_every)
         if done:
           break
+        if time.time() - program.snapshot_at > LEARNER_SNAPSHOT_S:
+          program.snapshot_learner()  # What a crashed learner would continue from.
         if program.run.due(env_steps, next_save):
           saved_at = program.save(host_state())
           next_save = checkpoints.next_multiple(saved_at, program.run.every)
@@ -807,7 +841,7 @@ def _run(ray, experiment, config, spec, start, num_actors, insert_batch):
       actor_node_ids=[info["node_id"] for info in actor_info],
       actor_restarts=restarts,
       actor_restarts_total=sum(restarts),
-      learner_restarts=learner_restarts,
+      learner_restarts=program.learner_restarts,
       learner_steps_per_s=learner_result["learner_steps"] / train_s,
       replay_inserts=stats["inserted"], replay_samples=stats["sampled"],
       replay_inserts_per_s=stats["inserted"] / train_s,
