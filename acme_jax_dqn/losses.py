@@ -136,25 +136,25 @@ class CategoricalLoss:
     q_taken = jnp.take_along_axis(q_tm1, batch.action[:, None], axis=-1)[:, 0]
     td_error = batch.reward + batch.discount * bootstrap - q_taken
     metrics = _td_metrics(td_error, q_tm1, mask)
-    metrics["c51_edge_mass"] = _edge_mass(out_t, next_action, batch, mask)
+    metrics["c51_clipped_mass"] = _clipped_mass(out_t, next_action, batch, mask)
     return loss, LossExtras(td_error=td_error,
                             priorities=jax.lax.stop_gradient(per_example),
                             metrics=metrics)
 
 
-def _edge_mass(out_t: NetworkOutput, next_action: chex.Array, batch: Transition,
-               mask: chex.Array) -> chex.Array:
-  """Mean share of the projected target distribution on the support's two edge atoms.
+def _clipped_mass(out_t: NetworkOutput, next_action: chex.Array, batch: Transition,
+                  mask: chex.Array) -> chex.Array:
+  """Mean share of the target distribution whose Bellman target lies outside the support.
 
-  Near 1, the support [v_min, v_max] does not reach the returns and the
-  projection piles their mass onto its ends (a support too narrow for the
-  task). The projection is rlax's, as inside the C51 loss.
+  The projection (rlax's, as inside the C51 loss) puts such mass on the
+  edge atom nearest to it, so values beyond [v_min, v_max] are silently cut.
+  Near 1, the support does not reach the returns of the task. Mass whose
+  target lands exactly on an edge atom (returns at v_max) does not count.
   """
   atoms = jax.lax.stop_gradient(out_t.atoms)
   probs_t = jax.nn.softmax(jax.lax.stop_gradient(out_t.logits))  # [B, A, N]
   probs_next = jnp.take_along_axis(probs_t, next_action[:, None, None], axis=1)[:, 0]
   target_z = batch.reward[:, None] + batch.discount[:, None] * atoms[None]  # [B, N]
-  projected = jax.vmap(rlax.categorical_l2_project, in_axes=(0, 0, None))(
-      target_z, probs_next, atoms)
-  edge = projected[:, 0] + projected[:, -1]
-  return jnp.sum(edge * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+  outside = (target_z < atoms[0]) | (target_z > atoms[-1])
+  clipped = jnp.sum(probs_next * outside, axis=-1)  # [B]
+  return jnp.sum(clipped * mask) / jnp.maximum(jnp.sum(mask), 1.0)

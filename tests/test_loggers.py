@@ -149,16 +149,17 @@ def test_no_progress_bar_when_quiet_or_not_a_terminal(monkeypatch, tmp_path):
   assert err.getvalue() == ""
 
 
-def test_c51_support_check_warns_once_when_edge_mass_stays_high(tmp_path):
+def test_c51_support_check_warns_once_when_clipped_mass_is_high(tmp_path):
   from agents.dqn.run_checks import SupportCheck  # pylint: disable=import-outside-toplevel
   stream = io.StringIO()
   check = SupportCheck(DQNConfig(distributional=True, v_min=-10, v_max=10), stream=stream)
   run_log = loggers.RunLoggers(str(tmp_path), ["csv"], 100, quiet=True, train_checks=[check])
   with run_log:
-    run_log.train({"env_steps": 10, "c51_edge_mass": 0.3})
+    run_log.train({"env_steps": 10, "c51_clipped_mass": 0.3})
     assert stream.getvalue() == ""
-    run_log.train({"env_steps": 20, "c51_edge_mass": 0.8})
-    run_log.train({"env_steps": 30, "c51_edge_mass": 0.9})
+    run_log.train({"env_steps": 20, "c51_clipped_mass": 0.8})
+    run_log.train({"env_steps": 30, "c51_clipped_mass": 0.9})
   lines = stream.getvalue().splitlines()
   assert len(lines) == 1 and "80%" in lines[0] and "--v_min=-10" in lines[0]
+  assert "outside" in lines[0]
   assert "--v_max=10" in lines[0] and "env step 20" in lines[0]

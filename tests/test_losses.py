@@ -131,14 +131,17 @@ def test_categorical_loss_matches_brute_force_projection(double_q, use_jit):
                                batch.discount[i])
     log_p = np.log(softmax(logits["online"][i][batch.action[i]].astype(np.float64)))
     expected.append(-(projected * log_p).sum())
-    edge_mass.append(projected[0] + projected[-1])
+    target_z = batch.reward[i] + batch.discount[i] * atoms  # Brute force: mass cut off.
+    edge_mass.append(target_probs[next_action][(target_z < atoms[0]) | (target_z > atoms[-1])]
+                     .sum())
   np.testing.assert_allclose(extras.priorities, expected, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(loss, np.mean(expected), rtol=1e-4)
-  # The share of target mass on the two edge atoms, from the same brute-force projection.
-  np.testing.assert_allclose(extras.metrics["c51_edge_mass"], np.mean(edge_mass), rtol=1e-4)
+  # The share of target mass whose target lies outside the support (cut to its edges).
+  assert 0.05 < np.mean(edge_mass) < 0.95  # The random batch has some of both.
+  np.testing.assert_allclose(extras.metrics["c51_clipped_mass"], np.mean(edge_mass), rtol=1e-4)
 
 
-def test_edge_mass_is_near_one_when_the_support_cannot_reach_the_returns():
+def test_clipped_mass_is_one_when_the_support_cannot_reach_the_returns():
   """Rewards of 50 on the support [-3, 3]: every target lands on the top atom."""
   atoms = jnp.linspace(-3.0, 3.0, N)
 
@@ -151,7 +154,8 @@ def test_edge_mass_is_near_one_when_the_support_cannot_reach_the_returns():
   rng = np.random.default_rng(2)
   batch = _batch(rng)._replace(reward=np.full(B, 50.0, np.float32))
   _, extras = losses.CategoricalLoss()(apply, params, params, batch)
-  assert float(extras.metrics["c51_edge_mass"]) == pytest.approx(1.0, abs=1e-6)
+  assert float(extras.metrics["c51_clipped_mass"]) == pytest.approx(1.0, abs=1e-6)
   _, fitting = losses.CategoricalLoss()(apply, params, params,
                                         batch._replace(reward=np.zeros(B, np.float32)))
-  assert float(fitting.metrics["c51_edge_mass"]) < 0.5
+  # Rewards 0 and discounts <= 0.99: every target stays inside [-3, 3].
+  assert float(fitting.metrics["c51_clipped_mass"]) == 0.0
