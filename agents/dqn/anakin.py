@@ -75,10 +75,8 @@ def _check_resumable_plan(run_checkpoints, plan: AnakinPlan) -> Optional[int]:
   metadata cannot be read.
   """
   step = run_checkpoints.checkpointer.latest_step()
-  if step is None:  # Said before compiling, not after.
-    raise checkpointing.CheckpointError(
-        f"--resume: no checkpoint in {run_checkpoints.directory}. Start without --resume, "
-        "or point --checkpoint_dir at the directory of the run to continue.")
+  if step is None:  # `checkpoints.check_start` refused the run already.
+    return None
   try:
     meta = run_checkpoints.checkpointer.read_meta(step)
   except (OSError, ValueError):
@@ -229,8 +227,6 @@ def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Di
     done_chunks, learner_steps = host["chunks"], host["learner_steps"]
     eval_rows, last_row = list(host["eval_rows"]), dict(host["last_row"])
     resumed_from = int(meta["env_steps"])
-  else:
-    run_checkpoints.check_fresh_start()
   # `compile_s`: all the time before the first env step of training
   # (the n-step window fill in `init` is a few steps).
   compile_s = time.perf_counter() - start

@@ -341,8 +341,6 @@ def run_local_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dic
     eval_actor.set_state(host["eval_actor"])
     eval_rows = list(host["eval_rows"])
     resumed_from = int(meta["env_steps"])
-  else:
-    run_checkpoints.check_fresh_start()
 
 
   # Compile everything once on dummy inputs, so compile time is measured apart:
