@@ -33,6 +33,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import jax
 import numpy as np
 
+from acme_jax_dqn import loggers
+
 FORMAT_VERSION = 1
 
 
@@ -79,7 +81,7 @@ def params_checksum(params) -> str:
 
 def differing_fields(saved: Dict[str, Any], current: Dict[str, Any],
                      ignore: Sequence[str] = ()) -> List[str]:
-  """`--name=current (checkpoint: saved)` for every field whose value differs."""
+  """"`name`=current (checkpoint: saved)" for every field whose value differs."""
   out = []
   for name in sorted(set(saved) | set(current)):
     if name in ignore:
@@ -89,7 +91,7 @@ def differing_fields(saved: Dict[str, Any], current: Dict[str, Any],
       a, b = list(a or []), list(b or [])
     if a != b:
       show = lambda v: ",".join(map(str, v)) if isinstance(v, list) else v  # noqa: E731
-      out.append(f"--{name}={show(b)} (checkpoint: {show(a)})")
+      out.append(f"`{name}`={show(b)} (checkpoint: {show(a)})")
   return out
 
 
@@ -220,7 +222,7 @@ class Checkpointer:
     if step in manager.all_steps():
       raise CheckpointError(
           f"Checkpoint {self.path(step)} already exists; a run never overwrites one. Use "
-          "--resume to continue that run, or a new --checkpoint_dir (or --logdir).")
+          "`resume` to continue that run, or a new `checkpoint_dir` (or `logdir`).")
     meta = {**meta, "format": FORMAT_VERSION, "layout": tree_layout(state),
             "saved_at": time.time()}
     host_bytes = np.frombuffer(pickle.dumps(host, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
@@ -249,7 +251,7 @@ class Checkpointer:
     steps = self.steps()
     if not steps or (step is not None and step not in steps):
       what = "no checkpoint" if not steps else f"no checkpoint {step} (it has {steps})"
-      raise CheckpointError(f"{self.directory} has {what}. Point --checkpoint_dir at a "
+      raise CheckpointError(f"{self.directory} has {what}. Point `checkpoint_dir` at a "
                             "run's checkpoint directory (default <logdir>/checkpoints).")
     step = steps[-1] if step is None else step
     try:
@@ -258,7 +260,7 @@ class Checkpointer:
     except Exception as error:  # pylint: disable=broad-except
       raise CheckpointError(
           f"Checkpoint {self.path(step)} cannot be read ({type(error).__name__}: "
-          f"{str(error).splitlines()[0][:200] if str(error) else ''}). Pass --step with "
+          f"{str(error).splitlines()[0][:200] if str(error) else ''}). Pass `step` with "
           f"an earlier one of {steps}.") from None
     return restored.params["params"], dict(restored.meta), step
 
@@ -288,8 +290,8 @@ class Checkpointer:
       steps = [step]
     if not steps:
       raise CheckpointError(
-          f"--resume: no checkpoint in {self.directory}. Start without --resume, or "
-          "point --checkpoint_dir at the directory of the run to continue.")
+          f"`resume`: no checkpoint in {self.directory}. Start without `resume`, or "
+          "point `checkpoint_dir` at the directory of the run to continue.")
     current_layout = tree_layout(target)
     set_aside = []
     for candidate in reversed(steps):
@@ -303,7 +305,7 @@ class Checkpointer:
         hint = explain(meta) if explain else ""
         raise CheckpointError(
             f"The checkpoint {self.path(candidate)} does not fit this run: {difference}."
-            f"{hint} Resume with the checkpoint's flags, or use a new --checkpoint_dir "
+            f"{hint} Resume with the checkpoint's flags, or use a new `checkpoint_dir` "
             "to start a new run.")
       try:
         restored = self._get_manager().restore(candidate, args=ocp.args.Composite(
@@ -324,8 +326,8 @@ class Checkpointer:
     self.close()
     raise CheckpointError(
         f"No readable checkpoint in {self.directory}: "
-        f"{'; '.join(set_aside)}. Start a new run with another --checkpoint_dir "
-        "(or without --resume).")
+        f"{'; '.join(set_aside)}. Start a new run with another `checkpoint_dir` "
+        "(or without `resume`).")
 
   def close(self) -> None:
     if self._manager is not None:
@@ -341,11 +343,11 @@ class Checkpointer:
     except OSError as move_error:
       raise CheckpointError(
           f"Checkpoint {source} is unreadable ({type(error).__name__}: {error}) and could "
-          f"not be moved aside ({move_error}). Move or delete it, then --resume again "
+          f"not be moved aside ({move_error}). Move or delete it, then `resume` again "
           "from the previous one.") from None
     self.close()  # A new manager forgets the step list of the old one.
     message = (f"checkpoint {source} is unreadable ({type(error).__name__}: "
                f"{str(error).splitlines()[0][:200] if str(error) else ''}); moved to "
                f"{destination} (rename it back to {step} to try it again)")
-    print(f"warning: {message}; trying the previous one.", file=sys.stderr, flush=True)
+    loggers.warn(f"{message}; trying the previous one.")
     return message

@@ -110,7 +110,7 @@ def make_sgd_step(networks: Networks, loss_fn, optimizer: optax.GradientTransfor
   overflow) is not applied: parameters, target and optimizer state stay as
   they were, `steps` still advances, and the state counts it
   (`nonfinite_updates`, `first_nonfinite_step`). Whether the run then stops
-  or goes on is the host's choice (`--skip_nonfinite_updates`); either way
+  or goes on is the host's choice (`skip_nonfinite_updates`); either way
   non-finite values never reach the parameters or a checkpoint. Items with
   a non-finite priority get priority 0, so prioritized replay stops drawing
   them.
@@ -150,6 +150,41 @@ def make_sgd_step(networks: Networks, loss_fn, optimizer: optax.GradientTransfor
   return sgd_step
 
 
+def make_sample_step(sgd_step: SGDStepFn, priority_epsilon: float = 1e-6):
+  """`(state, sample) -> (state, metrics, priorities)`: an SGD step and the sample's new priorities.
+
+  Items drawn from empty slots (mask 0) keep priority 0, so they stay
+  unsampleable; so do items whose TD error is not finite (see the guard in
+  `sgd_step`). Every run mode writes these priorities back.
+  """
+
+  def step_on_sample(state: TrainingState, sample: replay_lib.ReplaySample):
+    state, metrics = sgd_step(state, sample)
+    priorities = metrics.pop("priorities")
+    keep = (sample.mask > 0) & jnp.isfinite(priorities)
+    metrics["importance_weight_mean"] = jnp.mean(sample.weights)
+    return state, metrics, jnp.where(keep, priorities + priority_epsilon, 0.0)
+
+  return step_on_sample
+
+
+def make_batches_step(sgd_step: SGDStepFn, priority_epsilon: float = 1e-6):
+  """`(state, samples [K, B, ...]) -> (state, mean metrics, priorities [K, B])`, one SGD step per batch.
+
+  For a learner fed batches sampled elsewhere (the distributed replay node).
+  """
+  step_on_sample = make_sample_step(sgd_step, priority_epsilon)
+
+  def batches_step(state: TrainingState, samples: replay_lib.ReplaySample):
+    def body(state, sample):
+      state, metrics, priorities = step_on_sample(state, sample)
+      return state, (metrics, priorities)
+    state, (metrics, priorities) = jax.lax.scan(body, state, samples)
+    return state, jax.tree.map(jnp.mean, metrics), priorities
+
+  return batches_step
+
+
 def make_learner_step(sgd_step: SGDStepFn, replay: replay_lib.Replay,
                       num_sgd_steps: int = 1,
                       importance_sampling_exponent: Callable = lambda steps: 0.4,
@@ -161,19 +196,15 @@ def make_learner_step(sgd_step: SGDStepFn, replay: replay_lib.Replay,
   importance-sampling exponent follows `applied_updates`.
   """
 
+  step_on_sample = make_sample_step(sgd_step, priority_epsilon)
+
   def one_step(carry, _):
     state, buffer_state = carry
     key, sample_key = jax.random.split(state.key)
     sample = replay.sample(buffer_state, sample_key,
                            importance_sampling_exponent(applied_updates(state)))
-    state, metrics = sgd_step(state._replace(key=key), sample)
-    priorities = metrics.pop("priorities")
-    # Empty slots drawn by rounding keep priority 0, so they stay unsampleable;
-    # so do items whose TD error is not finite (see the guard in `sgd_step`).
-    keep = (sample.mask > 0) & jnp.isfinite(priorities)
-    priorities = jnp.where(keep, priorities + priority_epsilon, 0.0)
+    state, metrics, priorities = step_on_sample(state._replace(key=key), sample)
     buffer_state = replay.set_priorities(buffer_state, sample.indices, priorities)
-    metrics["importance_weight_mean"] = jnp.mean(sample.weights)
     return (state, buffer_state), metrics
 
   def learner_step(state, buffer_state):

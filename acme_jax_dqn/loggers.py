@@ -2,7 +2,7 @@
 
 A run writes two streams of rows, `train` and `eval`, each keyed by
 `env_steps`; `RunLoggers` sends them to the loggers chosen with
-`--loggers` (terminal, csv, tensorboard, wandb) and keeps a progress bar.
+`loggers` (terminal, csv, tensorboard, wandb) and keeps a progress bar.
 """
 
 import csv
@@ -126,7 +126,7 @@ def _scalars(values: Mapping[str, Any]) -> Dict[str, float]:
 class TensorBoardLogger:
   """Scalars `<label>/<key>` at step `env_steps` in TensorBoard event files (tensorboardX).
 
-  The event files go into the run's logdir, so `tensorboard --logdir=runs/`
+  The event files go into the run's logdir, so `tensorboard `logdir`=runs/`
   shows every run. TensorBoard hides earlier events at steps from
   `purge_step` on: a resumed run passes its checkpoint's step + 1 (what the
   interrupted run logged after its checkpoint goes, as
@@ -164,9 +164,9 @@ class WandbLogger:
       self._run = wandb_module.init(project=project, mode=mode, dir=logdir, name=name,
                                     config=dict(config))
     except Exception as error:  # pylint: disable=broad-except  # wandb's own error types.
-      raise ValueError(f"W&B could not start a run in --wandb_mode={mode} ({type(error).__name__}: "
+      raise ValueError(f"W&B could not start a run in `wandb_mode`={mode} ({type(error).__name__}: "
                        f"{str(error).splitlines()[0] if str(error) else ''}). Online mode needs "
-                       "`wandb login` and a network; --wandb_mode=offline needs neither.") from None
+                       "`wandb login` and a network; `wandb_mode`=offline needs neither.") from None
     self._run.define_metric("*", step_metric="env_steps")
 
   def write(self, label: str, values: Mapping[str, Any]) -> None:
@@ -184,18 +184,32 @@ def import_wandb():
     import wandb  # pylint: disable=import-outside-toplevel
   except ImportError:
     raise ValueError(
-        "--loggers=...,wandb needs the wandb package, which is an extra: "
+        "`loggers`=...,wandb needs the wandb package, which is an extra: "
         "pip install 'acme-jax-dqn[wandb]' (or pip install wandb), or drop wandb "
-        "from --loggers.") from None
+        "from `loggers`.") from None
   return wandb
+
+
+_message_terms: Callable[[str], str] = str  # How messages name config fields.
+
+
+def set_message_terms(terms: Callable[[str], str]) -> None:
+  """How kit messages name config fields; launch/ sets flag names (--name for `name`)."""
+  global _message_terms  # pylint: disable=global-statement
+  _message_terms = terms
+
+
+def warn(message: str, stream=None) -> None:
+  """`warning: <message>` on stderr (or `stream`), with fields named as `set_message_terms` says."""
+  print(f"warning: {_message_terms(message)}", file=stream or sys.stderr, flush=True)
 
 
 def check_logger_names(names: Sequence[str], check_wandb: bool = True) -> None:
   """Known names, and wandb importable when asked for: before a run starts, not after setup."""
   unknown = [n for n in names if n not in LOGGERS]
   if unknown or not names:
-    raise ValueError(f"--loggers={','.join(names)}: each must be one of {', '.join(LOGGERS)} "
-                     "(e.g. --loggers=terminal,csv,tensorboard).")
+    raise ValueError(f"`loggers`={','.join(names)}: each must be one of {', '.join(LOGGERS)} "
+                     "(e.g. `loggers`=terminal,csv,tensorboard).")
   if "wandb" in names and check_wandb:
     import_wandb()
 

@@ -59,7 +59,7 @@ class QLearningLoss:
       evaluate it with the target network (Double DQN).
     huber_delta: Huber loss threshold; 0 gives the squared loss 0.5 * td**2.
 
-  Rewards arrive as stored in replay; clipping (`--reward_clip`) acts on
+  Rewards arrive as stored in replay; clipping (`reward_clip`) acts on
   each env reward before the n-step sum, in the adders.
   """
   double_q: bool = False

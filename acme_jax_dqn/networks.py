@@ -12,7 +12,7 @@ from acme_jax_dqn import specs as specs_lib
 from acme_jax_dqn.types import Params
 
 TORSOS = ("auto", "mlp", "nature_conv", "minatar_conv")
-# Images smaller than this get the small MinAtar torso under --torso=auto.
+# Images smaller than this get the small MinAtar torso under `torso`=auto.
 MIN_NATURE_CONV_SIZE = 36
 
 
@@ -174,7 +174,7 @@ def choose_torso(observation_shape: Sequence[int], torso: str) -> str:
   """Resolves `torso` (one of TORSOS) for an observation shape."""
   rank = len(observation_shape)
   if torso not in TORSOS:
-    raise ValueError(f"Unknown torso {torso!r}; --torso must be one of {TORSOS}.")
+    raise ValueError(f"Unknown torso {torso!r}; `torso` must be one of {TORSOS}.")
   if torso == "auto":
     if rank == 1:
       return "mlp"
@@ -190,27 +190,27 @@ def choose_torso(observation_shape: Sequence[int], torso: str) -> str:
     if rank == 3 and min(observation_shape[:2]) < MIN_NATURE_CONV_SIZE:
       conv = "minatar_conv"
     raise ValueError(
-        f"--torso=mlp takes vector observations [D], but this environment's "
+        f"`torso`=mlp takes vector observations [D], but this environment's "
         f"observations have shape {tuple(observation_shape)}. Use "
-        f"--torso={conv} (or --torso=auto) for these images, or flatten them with "
+        f"`torso`={conv} (or `torso`=auto) for these images, or flatten them with "
         "a wrapper (gymnasium.wrappers.FlattenObservation).")
   if torso == "minatar_conv" and rank != 3:
     raise ValueError(
-        f"--torso=minatar_conv takes image observations [H, W, C], but this "
+        f"`torso`=minatar_conv takes image observations [H, W, C], but this "
         f"environment's observations have shape {tuple(observation_shape)}. "
-        "Use --torso=mlp (or --torso=auto).")
+        "Use `torso`=mlp (or `torso`=auto).")
   if torso == "nature_conv":
     if rank != 3:
       raise ValueError(
-          f"--torso=nature_conv takes image observations [H, W, C], but this "
+          f"`torso`=nature_conv takes image observations [H, W, C], but this "
           f"environment's observations have shape {tuple(observation_shape)}. "
-          "Use --torso=mlp (or --torso=auto).")
+          "Use `torso`=mlp (or `torso`=auto).")
     height, width = observation_shape[:2]
     if min(height, width) < MIN_NATURE_CONV_SIZE:
       raise ValueError(
-          f"--torso=nature_conv needs images of at least 36x36 pixels; these "
+          f"`torso`=nature_conv needs images of at least 36x36 pixels; these "
           f"are {height}x{width}. Resize them (84x84 as in Nature DQN), or use "
-          "--torso=minatar_conv (or auto) for small images such as MinAtar's.")
+          "`torso`=minatar_conv (or auto) for small images such as MinAtar's.")
   return torso
 
 

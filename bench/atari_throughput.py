@@ -13,16 +13,16 @@ Two parts, both printed and written to --out as markdown:
    at the learning-phase rate.
 """
 
-import csv
-import json
 import os
-import subprocess
 import sys
 import time
 
 from absl import app
 from absl import flags
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # For `bench`.
+from bench import harness  # pylint: disable=wrong-import-position
 
 flags.DEFINE_integer("env_steps", 4000, "Env steps per environment-alone timing.")
 flags.DEFINE_integer("acting_steps", 2000, "Agent runs: env steps before learning starts.")
@@ -31,7 +31,6 @@ flags.DEFINE_string("logdir", "runs/bench_atari", "Where the agent runs write th
 flags.DEFINE_string("out", "bench/results/atari_throughput.md", "Markdown table to write.")
 FLAGS = flags.FLAGS
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FULL_RUN = 10_000_000
 
 
@@ -53,24 +52,19 @@ def env_alone(name: str, num_envs: int) -> float:
 def agent_run(name: str, num_envs: int) -> dict:
   logdir = os.path.join(FLAGS.logdir, f"{name.replace(':', '_')}_envs{num_envs}")
   total = FLAGS.acting_steps + FLAGS.learning_steps
-  subprocess.run(
-      [sys.executable, "-m", "launch.run_dqn", "--flagfile=launch/configs/atari_dqn.cfg",
-       f"--env={name}", f"--num_envs={num_envs}", f"--total_steps={total}",
-       f"--min_replay_size={FLAGS.acting_steps}", f"--replay_capacity={4 * total}",
-       f"--log_every={FLAGS.acting_steps}", "--eval_every=0", "--eval_episodes=1",
-       "--quiet", "--nosave_checkpoints", "--loggers=csv", f"--logdir={logdir}"],
-      cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-  with open(os.path.join(ROOT, logdir, "train.csv")) as f:
-    rows = [r for r in csv.DictReader(f)]
-  with open(os.path.join(ROOT, logdir, "summary.json")) as f:
-    summary = json.load(f)
+  summary = harness.run_preset(
+      ["--flagfile=launch/configs/atari_dqn.cfg", f"--env={name}", f"--num_envs={num_envs}",
+       f"--total_steps={total}", f"--min_replay_size={FLAGS.acting_steps}",
+       f"--replay_capacity={4 * total}", f"--log_every={FLAGS.acting_steps}", "--eval_every=0",
+       "--eval_episodes=1"], logdir, ["--loggers=csv"])
+  rows = harness.read_csv(logdir, "train.csv")
   first, last = rows[0], rows[-1]
   learn_steps = int(last["env_steps"]) - int(first["env_steps"])
   learn_s = float(last["wall_s"]) - float(first["wall_s"])
   return {"acting_sps": float(first["sps"]), "learning_sps": learn_steps / learn_s,
           "learner_steps_per_s": (int(last["learner_steps"]) - int(first["learner_steps"]))
                                  / learn_s,
-          "compile_s": summary["compile_s"]}
+          "compile_s": summary["compile_s"], "summary": summary}
 
 
 def _hours(sps: float) -> str:
@@ -79,29 +73,25 @@ def _hours(sps: float) -> str:
 
 def main(argv):
   del argv
-  lines = [f"Command: `python bench/atari_throughput.py` ({os.cpu_count()} CPU cores, no GPU)", "",
-           "Environment alone (random actions; 1 env step = 4 frames):", "",
-           "| environment | copies | env steps/s | x atari:Pong (1 copy) |", "|---|---|---|---|"]
-  base = None
+  rows, base = [], None
   for name, copies in (("atari:Pong", 1), ("atari:Pong", 8), ("envpool:Pong-v5", 8)):
     sps = env_alone(name, copies)
     base = base or sps
-    line = f"| {name} | {copies} | {sps:.0f} | {sps / base:.2f} |"
-    print(line, flush=True)
-    lines.append(line)
-  lines += ["", "The agent (atari_dqn.cfg, local mode, batch 32 every 4 env steps):", "",
-            "| environment | copies | acting-only env steps/s | learning env steps/s | "
-            f"SGD steps/s | {FULL_RUN // 1_000_000}M env steps at the learning rate |",
-            "|---|---|---|---|---|---|"]
+    harness.add_row(rows, f"| {name} | {copies} | {sps:.0f} | {sps / base:.2f} |")
+  agent_rows = harness.table_lines([
+      "environment", "copies", "acting-only env steps/s", "learning env steps/s", "SGD steps/s",
+      f"{FULL_RUN // 1_000_000}M env steps at the learning rate"])
   for name, copies in (("atari:Pong", 1), ("envpool:Pong-v5", 8)):
     r = agent_run(name, copies)
-    line = (f"| {name} | {copies} | {r['acting_sps']:.0f} | {r['learning_sps']:.0f} | "
-            f"{r['learner_steps_per_s']:.1f} | {_hours(r['learning_sps'])} |")
-    print(line, flush=True)
-    lines.append(line)
-  os.makedirs(os.path.dirname(os.path.join(ROOT, FLAGS.out)), exist_ok=True)
-  with open(os.path.join(ROOT, FLAGS.out), "w") as f:
-    f.write("\n".join(lines) + "\n")
+    harness.add_row(agent_rows, (
+        f"| {name} | {copies} | {r['acting_sps']:.0f} | {r['learning_sps']:.0f} | "
+        f"{r['learner_steps_per_s']:.1f} | {_hours(r['learning_sps'])} |"))
+  harness.write_table(
+      FLAGS.out, harness.command_line(),
+      ["environment", "copies", "env steps/s", "x atari:Pong (1 copy)"], rows,
+      caption="Environment alone (random actions; 1 env step = 4 frames):", summary=r["summary"],
+      notes=["The agent (atari_dqn.cfg, local mode, batch 32 every 4 env steps):", "",
+             *agent_rows])
   print(f"compared: env steps/s of Pong through ale-py + gymnasium wrappers (1 and 8 copies) "
         f"and envpool (8 copies), alone and under the DQN agent; table: {FLAGS.out}")
 

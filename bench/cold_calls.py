@@ -9,10 +9,13 @@ This times the same jitted learner call
 (launch/configs/cartpole_local_cleanrl.cfg's settings: sample, one SGD
 step of batch 128 on a 120-84 MLP, target update) back to back and after a
 gap of busy Python work or of sleep, and prints wall and process CPU time
-per call. CPU time that grows with the gap means the call itself computes
-slower (caches, clocks), not that it waits for a thread.
+per call (and writes the table to --out as markdown when given). CPU time
+that grows with the gap means the call itself computes slower (caches,
+clocks), not that it waits for a thread.
 """
 
+import os
+import sys
 import time
 
 from absl import app
@@ -23,9 +26,13 @@ import numpy as np
 from acme_jax_dqn import envs, specs, utils
 from agents.dqn import DQNConfig, LocalAgent
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # For `bench`.
+from bench import harness  # pylint: disable=wrong-import-position
+
 flags.DEFINE_bool("one_cpu_core", False, "Run XLA's CPU client on one core (as --one_cpu_core).")
 flags.DEFINE_list("gaps_us", ["0", "300", "1000", "3000"], "Gaps before each call, microseconds.")
 flags.DEFINE_integer("calls", 300, "Timed calls per gap.")
+flags.DEFINE_string("out", "", "Markdown table to write as well (default: print only).")
 FLAGS = flags.FLAGS
 
 
@@ -61,10 +68,10 @@ def main(argv):
   for _ in range(50):
     learner.step()
   jax.block_until_ready(learner.get_variables()[0])
-  print(f"one learner call (sample + SGD + target), {FLAGS.calls} calls per row, "
-        f"{'--one_cpu_core' if FLAGS.one_cpu_core else 'XLA on all cores'}, jax {jax.__version__}")
-  print("| gap before each call | gap us | wall us per call | CPU us per call |")
-  print("|---|---|---|---|")
+  table = harness.PrintedTable(
+      ["gap before each call", "gap us", "wall us per call", "CPU us per call"],
+      f"One learner call (sample + SGD + target), {FLAGS.calls} calls per row, "
+      f"{'--one_cpu_core' if FLAGS.one_cpu_core else 'XLA on all cores'}.", harness.jax_here())
   for kind, wait in (("busy Python", _busy), ("sleep", time.sleep)):
     for gap_us in map(int, FLAGS.gaps_us):
       if kind == "sleep" and gap_us == 0:
@@ -78,10 +85,10 @@ def main(argv):
         jax.block_until_ready(learner.get_variables()[0])
         wall += time.perf_counter() - w0
         cpu += time.process_time() - c0
-      print(f"| {kind if gap_us else 'none (back to back)'} | {gap_us} | "
-            f"{wall / FLAGS.calls * 1e6:.0f} | {cpu / FLAGS.calls * 1e6:.0f} |", flush=True)
-  print("compared: the same jitted learner call back to back and after a gap of other work "
-        "or sleep; CartPole-v1 replay, this machine.")
+      table.add(f"| {kind if gap_us else 'none (back to back)'} | {gap_us} | "
+                f"{wall / FLAGS.calls * 1e6:.0f} | {cpu / FLAGS.calls * 1e6:.0f} |")
+  table.close(FLAGS.out, "compared: the same jitted learner call back to back and after a gap of "
+              "other work or sleep; CartPole-v1 replay, this machine.")
 
 
 if __name__ == "__main__":

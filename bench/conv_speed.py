@@ -9,9 +9,13 @@ anakin mode and learner calls of several SGD steps run it); and a forward
 pass of one observation (acting). Then, end to end, the MinAtar preset
 in anakin mode (launch/configs/minatar_dqn.cfg, --end_to_end_steps env
 steps, no compile cache) with each. Prints milliseconds, steps/s and the
-ratios.
+ratios (and writes them to --out as markdown when given).
 """
 
+import os
+import subprocess
+import sys
+import textwrap
 import time
 
 from absl import app
@@ -23,9 +27,16 @@ import numpy as np
 
 from acme_jax_dqn import networks, specs
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # For `bench`.
+from bench import harness  # pylint: disable=wrong-import-position
+
 flags.DEFINE_integer("repeats", 10, "Timed calls (and scan length) per case.")
 flags.DEFINE_integer("end_to_end_steps", 60_000, "Env steps of each end-to-end run (0: skip).")
+flags.DEFINE_string("out", "", "Markdown table to write as well (default: print only).")
 FLAGS = flags.FLAGS
+
+COMPARED = ("compared: the kit's Q-network with its convolutions as lax.conv and as patches @ w "
+            "(networks.PatchConv2D), same parameters, on this machine's CPU.")
 
 CASES = (("nature", (84, 84, 4), np.uint8, (512,)), ("minatar", (10, 10, 4), np.float32, (128,)))
 
@@ -77,10 +88,8 @@ def _measure(shape, dtype, hidden, use_patches) -> dict:
 
 def _end_to_end(use_patches: bool) -> float:
   """sps_after_compile of the MinAtar preset in anakin mode with the chosen conv, in a fresh process."""
-  import json, os, subprocess, sys, textwrap  # pylint: disable=import-outside-toplevel,multiple-imports
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  logdir = f"runs/bench_conv/{'patches' if use_patches else 'conv'}"
   script = textwrap.dedent(f"""
-      import json
       from absl import flags
       from acme_jax_dqn import networks
       original = networks.PatchConv2D.__init__
@@ -90,38 +99,33 @@ def _end_to_end(use_patches: bool) -> float:
       launch_flags.define_flags()
       flags.FLAGS(["run", "--flagfile=launch/configs/minatar_dqn.cfg",
                    "--total_steps={FLAGS.end_to_end_steps}", "--log_every={FLAGS.end_to_end_steps}",
-                   "--nosave_checkpoints", "--quiet", "--loggers=csv",
-                   "--logdir=runs/bench_conv/{'patches' if use_patches else 'conv'}",
+                   "--nosave_checkpoints", "--quiet", "--loggers=csv", "--logdir={logdir}",
                    "--compilation_cache_dir="])
       from agents.dqn.experiment import run_experiment
-      summary = run_experiment(launch_flags.experiment_from_flags(), launch_flags.config_from_flags())
-      print(json.dumps(summary["sps_after_compile"]))
+      run_experiment(launch_flags.experiment_from_flags(), launch_flags.config_from_flags())
   """)
-  out = subprocess.run([sys.executable, "-c", script], cwd=root, check=True,
-                       capture_output=True, text=True)
-  return float(json.loads(out.stdout.strip().splitlines()[-1]))
+  subprocess.run([sys.executable, "-c", script], cwd=harness.ROOT, check=True,
+                 capture_output=True, text=True)
+  return harness.read_summary(logdir)["sps_after_compile"]
 
 
 def main(argv):
   del argv
-  print(f"backend {jax.default_backend()}, jax {jax.__version__}; ms per call, batch 32 "
-        "(acting: batch 1)")
-  print("| torso | case | lax.conv ms | patches ms | conv / patches |")
-  print("|---|---|---|---|---|")
+  table = harness.PrintedTable(["torso", "case", "lax.conv ms", "patches ms", "conv / patches"],
+                               "ms per call, batch 32 (acting: batch 1).", harness.jax_here())
   for name, shape, dtype, hidden in CASES:
     conv = _measure(shape, dtype, hidden, use_patches=False)
     patches = _measure(shape, dtype, hidden, use_patches=True)
     for key, what in (("grad_ms", "gradient, one jitted call"),
                       ("scan_grad_ms", "gradient, per step of a lax.scan"),
                       ("act_ms", "forward, one observation")):
-      print(f"| {name} | {what} | {conv[key]:.2f} | {patches[key]:.2f} | "
-            f"{conv[key] / patches[key]:.2f} |", flush=True)
+      table.add(f"| {name} | {what} | {conv[key]:.2f} | {patches[key]:.2f} | "
+                f"{conv[key] / patches[key]:.2f} |")
   if FLAGS.end_to_end_steps:
     sps = {patches: _end_to_end(patches) for patches in (False, True)}
-    print(f"| minatar | anakin run, env steps/s after compile | {sps[False]:.0f} | "
-          f"{sps[True]:.0f} | {sps[False] / sps[True]:.2f} |", flush=True)
-  print("compared: the kit's Q-network with its convolutions as lax.conv and as patches @ w "
-        "(networks.PatchConv2D), same parameters, on this machine's CPU.")
+    table.add(f"| minatar | anakin run, env steps/s after compile | {sps[False]:.0f} | "
+              f"{sps[True]:.0f} | {sps[False] / sps[True]:.2f} |")
+  table.close(FLAGS.out, COMPARED)
 
 
 if __name__ == "__main__":

@@ -11,17 +11,15 @@ vmapped in one program (--num_seeds), and must also keep every seed above
 printed and written to --out as markdown.
 """
 
-import csv
-import json
 import os
-import platform
 import shutil
-import subprocess
 import sys
-import time
 
 from absl import app
 from absl import flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # For `bench`.
+from bench import harness  # pylint: disable=wrong-import-position
 
 flags.DEFINE_list("presets", ["cartpole_dqn", "cartpole_double_dueling",
                               "cartpole_c51", "cartpole_rainbow"],
@@ -45,61 +43,44 @@ flags.DEFINE_bool("warm_cache", False, "Anakin mode: run each preset once to fil
                   "cache, then time a second run that loads it (default: cold compile).")
 FLAGS = flags.FLAGS
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def run_one(preset: str, seed: str) -> dict:
   tag = f"_{FLAGS.env.replace(':', '_')}" if FLAGS.env else ""
-  logdir = os.path.join(FLAGS.logdir, f"{preset}{tag}_seed{seed}")
-  cmd = [sys.executable, "-m", "launch.run_dqn",
-         f"--flagfile=launch/configs/{preset}.cfg", f"--seed={seed}",
-         f"--logdir={logdir}", "--quiet", "--nosave_checkpoints", *FLAGS.extra_flags]
+  extra = list(FLAGS.extra_flags)
   if FLAGS.env:
-    cmd.append(f"--env={FLAGS.env}")
+    extra.append(f"--env={FLAGS.env}")
   if FLAGS.total_steps:
-    cmd.append(f"--total_steps={FLAGS.total_steps}")
-  subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-  with open(os.path.join(ROOT, logdir, "summary.json")) as f:
-    return json.load(f)
+    extra.append(f"--total_steps={FLAGS.total_steps}")
+  return harness.run_preset([f"--flagfile=launch/configs/{preset}.cfg", f"--seed={seed}"],
+                            os.path.join(FLAGS.logdir, f"{preset}{tag}_seed{seed}"), extra)
 
 
 def run_anakin(preset: str) -> dict:
   logdir = os.path.join(FLAGS.logdir, f"{preset}_anakin")
-  cmd = [sys.executable, "-m", "launch.run_dqn", f"--flagfile=launch/configs/{preset}.cfg",
-         f"--env={FLAGS.anakin_env}", "--run_mode=anakin", f"--num_seeds={FLAGS.num_seeds}",
-         "--seed=0", f"--logdir={logdir}", "--quiet", "--nosave_checkpoints",
-         f"--eval_every={FLAGS.eval_every}", *FLAGS.extra_flags]
+  args = [f"--flagfile=launch/configs/{preset}.cfg", f"--env={FLAGS.anakin_env}",
+          "--run_mode=anakin", f"--num_seeds={FLAGS.num_seeds}", "--seed=0"]
+  extra = [f"--eval_every={FLAGS.eval_every}", *FLAGS.extra_flags]
   if FLAGS.total_steps:
-    cmd.append(f"--total_steps={FLAGS.total_steps}")
+    extra.append(f"--total_steps={FLAGS.total_steps}")
   if FLAGS.warm_cache:  # A first run fills the cache; the second, timed, loads it.
-    cache = os.path.join(ROOT, FLAGS.logdir, f"xla_cache_{preset}")
+    cache = os.path.join(harness.ROOT, FLAGS.logdir, f"xla_cache_{preset}")
     shutil.rmtree(cache, ignore_errors=True)
-    cmd.append(f"--compilation_cache_dir={cache}")
-    subprocess.run(cmd + [f"--logdir={logdir}_fill"], cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL)
+    extra.append(f"--compilation_cache_dir={cache}")
+    fill = _with_time_to_solve(harness.run_preset(args, f"{logdir}_fill", extra), f"{logdir}_fill")
   else:
-    cmd.append("--compilation_cache_dir=")  # Cold compile: the time to solve counts it.
-  subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-  summary = _read_anakin(logdir)
+    extra.append("--compilation_cache_dir=")  # Cold compile: the time to solve counts it.
+  summary = _with_time_to_solve(harness.run_preset(args, logdir, extra), logdir)
   if FLAGS.warm_cache:
-    summary["fill_run"] = _read_anakin(f"{logdir}_fill")
+    summary["fill_run"] = fill
   return summary
 
 
-def _read_anakin(logdir: str) -> dict:
-  with open(os.path.join(ROOT, logdir, "summary.json")) as f:
-    summary = json.load(f)
-  summary["time_to_solve"] = _time_to_solve(os.path.join(ROOT, logdir, "eval.csv"))
+def _with_time_to_solve(summary: dict, logdir: str) -> dict:
+  """Adds (wall s since start, env steps) of the first evaluation whose mean reaches --solve_return."""
+  summary["time_to_solve"] = next(
+      ((float(row["wall_s"]), int(row["env_steps"])) for row in harness.read_csv(logdir, "eval.csv")
+       if float(row["eval_return_mean"]) >= FLAGS.solve_return), None)
   return summary
-
-
-def _time_to_solve(eval_csv: str):
-  """(wall s since start, env steps) of the first evaluation whose mean reaches --solve_return."""
-  with open(eval_csv) as f:
-    for row in csv.DictReader(f):
-      if float(row["eval_return_mean"]) >= FLAGS.solve_return:
-        return float(row["wall_s"]), int(row["env_steps"])
-  return None
 
 
 def _solve_text(solved) -> str:
@@ -107,27 +88,22 @@ def _solve_text(solved) -> str:
 
 
 def main_anakin():
-  lines = [f"Command: `{' '.join(['python bench/learning.py'] + sys.argv[1:])}`",
-           "", "| preset | seed | env steps | eval return (10 ep) | wall s (all seeds, compile incl.) "
-           f"| time to mean ≥ {FLAGS.solve_return:.0f} (wall s, env steps) |",
-           "|---|---|---|---|---|---|"]
-  verdicts, notes = [], []
+  header = ["preset", "seed", "env steps", "eval return (10 ep)",
+            "wall s (all seeds, compile incl.)",
+            f"time to mean ≥ {FLAGS.solve_return:.0f} (wall s, env steps)"]
+  rows, verdicts, notes = [], [], []
   for preset in FLAGS.presets:
     s = run_anakin(preset)
     for seed, value in zip(s["seeds"], s["eval_return_per_seed"]):
-      line = f"| {preset} | {seed} | {s['env_steps']} | {value:.1f} | | |"
-      print(line, flush=True)
-      lines.append(line)
+      harness.add_row(rows, f"| {preset} | {seed} | {s['env_steps']} | {value:.1f} | | |")
     mean, low = s["eval_return_mean"], s["eval_return_min_seed"]
-    solve = _solve_text(s["time_to_solve"])
     ok = mean >= FLAGS.threshold and low >= FLAGS.min_seed_threshold
     verdicts.append(ok)
-    line = (f"| **{preset}** | mean of {s['num_seeds']} | | **{mean:.1f}**, lowest {low:.1f} "
-            f"({'pass' if ok else 'FAIL'}: mean ≥ {FLAGS.threshold:.0f}, each ≥ "
-            f"{FLAGS.min_seed_threshold:.0f}; seeds on {s.get('seed_devices', 1)} device(s)) "
-            f"| {s['wall_s']:.1f} (compile {s['compile_s']:.1f}) | {solve} |")
-    print(line, flush=True)
-    lines.append(line)
+    harness.add_row(rows, (
+        f"| **{preset}** | mean of {s['num_seeds']} | | **{mean:.1f}**, lowest {low:.1f} "
+        f"({'pass' if ok else 'FAIL'}: mean ≥ {FLAGS.threshold:.0f}, each ≥ "
+        f"{FLAGS.min_seed_threshold:.0f}; seeds on {s.get('seed_devices', 1)} device(s)) "
+        f"| {s['wall_s']:.1f} (compile {s['compile_s']:.1f}) | {_solve_text(s['time_to_solve'])} |"))
     if "fill_run" in s:
       fill = s["fill_run"]
       notes.append(f"{preset}: the cache-filling run (cold compile) took {fill['wall_s']:.1f} s "
@@ -136,15 +112,11 @@ def main_anakin():
   out = FLAGS.out.replace("learning.md", "learning_anakin.md")
   compile_note = ("warm compilation cache (a first run filled it)" if FLAGS.warm_cache
                   else "cold compile")
-  machine = (f"{platform.machine()} {os.cpu_count()} CPU cores, jax "
-             f"{s.get('versions', {}).get('jax', '?')} on {s.get('backend', '?')}")
-  lines.insert(1, f"\n{time.strftime('%Y-%m-%d')}, {machine}. Wall times count the compile: "
-                  f"{compile_note}.")
   for note in notes:
     print(note)
-  lines += [""] + notes if notes else []
-  with open(os.path.join(ROOT, out), "w") as f:
-    f.write("\n".join(lines) + "\n")
+  harness.write_table(out, harness.command_line(), header, rows,
+                      caption=f"Wall times count the compile: {compile_note}.", notes=notes,
+                      summary=s)
   print(f"compared: greedy eval return of {FLAGS.num_seeds} seeds in anakin mode on "
         f"{FLAGS.anakin_env} against mean {FLAGS.threshold} and each seed "
         f"{FLAGS.min_seed_threshold}; {sum(verdicts)}/{len(verdicts)} presets pass. Table: {out}")
@@ -154,28 +126,23 @@ def main(argv):
   del argv
   if FLAGS.mode == "anakin":
     return main_anakin()
-  lines = [f"Command: `{' '.join(['python bench/learning.py'] + sys.argv[1:])}`", "",
-           "| preset | env | seed | env steps | eval return (mean ± std, 10 ep) | wall s | sps |",
-           "|---|---|---|---|---|---|---|"]
-  verdicts = []
+  header = ["preset", "env", "seed", "env steps", "eval return (mean ± std, 10 ep)", "wall s",
+            "sps"]
+  rows, verdicts = [], []
   for preset in FLAGS.presets:
     means = []
     for seed in FLAGS.seeds:
       s = run_one(preset, seed)
       means.append(s["eval_return_mean"])
-      line = (f"| {preset} | {s['env']} | {seed} | {s['env_steps']} | {s['eval_return_mean']:.1f} ± "
-              f"{s['eval_return_std']:.1f} | {s['wall_s']:.1f} | {s['sps']:.0f} |")
-      print(line, flush=True)
-      lines.append(line)
+      harness.add_row(rows, (
+          f"| {preset} | {s['env']} | {seed} | {s['env_steps']} | {s['eval_return_mean']:.1f} ± "
+          f"{s['eval_return_std']:.1f} | {s['wall_s']:.1f} | {s['sps']:.0f} |"))
     mean = sum(means) / len(means)
     ok = mean >= FLAGS.threshold
     verdicts.append(ok)
-    line = f"| **{preset}** | | mean of {len(means)} | | **{mean:.1f}** ({'pass' if ok else 'FAIL'} ≥ {FLAGS.threshold:.0f}) | | |"
-    print(line, flush=True)
-    lines.append(line)
-  os.makedirs(os.path.dirname(os.path.join(ROOT, FLAGS.out)), exist_ok=True)
-  with open(os.path.join(ROOT, FLAGS.out), "w") as f:
-    f.write("\n".join(lines) + "\n")
+    harness.add_row(rows, f"| **{preset}** | | mean of {len(means)} | | **{mean:.1f}** "
+                          f"({'pass' if ok else 'FAIL'} ≥ {FLAGS.threshold:.0f}) | | |")
+  harness.write_table(FLAGS.out, harness.command_line(), header, rows, summary=s)
   print(f"compared: greedy eval return after the presets' budget against {FLAGS.threshold}; "
         f"{sum(verdicts)}/{len(verdicts)} presets pass. Table: {FLAGS.out}")
 

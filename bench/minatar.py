@@ -8,15 +8,16 @@ return per seed and the mean against gymnax's published PPO returns, the
 anchor this kit's DQN is measured against.
 """
 
-import json
 import os
-import subprocess
 import sys
 
 from absl import app
 from absl import flags
 
-# gymnax's README (MinAtar PPO returns), the anchor of the issue.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # For `bench`.
+from bench import harness  # pylint: disable=wrong-import-position
+
+# gymnax's README: PPO's returns on MinAtar, the anchor these runs are compared with.
 PPO_RETURNS = {"Asterix": 15.0, "Breakout": 28.0, "Freeway": 58.0, "SpaceInvaders": 131.0}
 
 flags.DEFINE_list("games", list(PPO_RETURNS), "MinAtar games (gymnax:<game>-MinAtar).")
@@ -30,49 +31,32 @@ flags.DEFINE_string("logdir", "runs/bench_minatar", "Where the runs write their 
 flags.DEFINE_string("out", "bench/results/minatar.md", "Markdown table to write.")
 FLAGS = flags.FLAGS
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def run_game(game: str) -> dict:
-  logdir = os.path.join(FLAGS.logdir, game)
-  cmd = [sys.executable, "-m", "launch.run_dqn", "--flagfile=launch/configs/minatar_dqn.cfg",
-         f"--env=gymnax:{game}-MinAtar", f"--num_seeds={FLAGS.num_seeds}", "--seed=0",
-         f"--total_steps={FLAGS.total_steps}", f"--eval_every={FLAGS.eval_every}",
-         f"--logdir={logdir}", "--quiet", "--nosave_checkpoints"]
-  if FLAGS.one_cpu_core:
-    cmd.append("--one_cpu_core")
-  cmd += FLAGS.run_flags
-  subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-  with open(os.path.join(ROOT, logdir, "summary.json")) as f:
-    return json.load(f)
-
-
-def _write(lines) -> None:
-  os.makedirs(os.path.dirname(os.path.join(ROOT, FLAGS.out)), exist_ok=True)
-  with open(os.path.join(ROOT, FLAGS.out), "w") as f:
-    f.write("\n".join(lines) + "\n")
+  args = ["--flagfile=launch/configs/minatar_dqn.cfg", f"--env=gymnax:{game}-MinAtar",
+          f"--num_seeds={FLAGS.num_seeds}", "--seed=0", f"--total_steps={FLAGS.total_steps}",
+          f"--eval_every={FLAGS.eval_every}"]
+  extra = (["--one_cpu_core"] if FLAGS.one_cpu_core else []) + FLAGS.run_flags
+  return harness.run_preset(args, os.path.join(FLAGS.logdir, game), extra)
 
 
 def main(argv):
   del argv
-  command = " ".join(["python bench/minatar.py"] + sys.argv[1:])
-  lines = [f"Command: `{command}`", "",
-           f"| game | env steps per seed | eval return per seed | mean of {FLAGS.num_seeds} "
-           "| PPO (gymnax) | reached | wall s (all seeds, compile incl.) | sps all seeds |",
-           "|---|---|---|---|---|---|---|---|"]
-  reached = 0
+  header = ["game", "env steps per seed", "eval return per seed", f"mean of {FLAGS.num_seeds}",
+            "PPO (gymnax)", "reached", "wall s (all seeds, compile incl.)", "sps all seeds"]
+  rows, reached = [], 0
   for game in FLAGS.games:
     s = run_game(game)
     anchor = PPO_RETURNS.get(game)
     ok = anchor is not None and s["eval_return_mean"] >= anchor
     reached += ok
     per_seed = ", ".join(f"{v:.1f}" for v in s["eval_return_per_seed"])
-    line = (f"| {game} | {s['env_steps']} | {per_seed} | **{s['eval_return_mean']:.1f}** "
-            f"| {anchor if anchor is not None else '-'} | {'yes' if ok else 'no'} "
-            f"| {s['wall_s']:.0f} | {s['sps_all_seeds']:.0f} |")
-    print(line, flush=True)
-    lines.append(line)
-    _write(lines)  # After every game: a long run stopped part way keeps its finished rows.
+    harness.add_row(rows, (
+        f"| {game} | {s['env_steps']} | {per_seed} | **{s['eval_return_mean']:.1f}** "
+        f"| {anchor if anchor is not None else '-'} | {'yes' if ok else 'no'} "
+        f"| {s['wall_s']:.0f} | {s['sps_all_seeds']:.0f} |"))
+    # After every game: a long run stopped part way keeps its finished rows.
+    harness.write_table(FLAGS.out, harness.command_line(), header, rows, summary=s)
   print(f"compared: mean greedy eval return of {FLAGS.num_seeds} seeds after "
         f"{FLAGS.total_steps} env steps against gymnax's PPO returns; {reached}/"
         f"{len(FLAGS.games)} games reach them. Table: {FLAGS.out}")

@@ -6,7 +6,7 @@ Acting is a jitted greedy call on one CartPole observation (120-84 MLP,
 the CleanRL settings of launch/configs/cartpole_local_cleanrl.cfg); every
 10th acting call a learner step (one Adam step of batch 128) is dispatched
 first, and acting switches to the parameters from before it (the result
-of the step dispatched 10 calls earlier), so it never waits for the step
+of the step dispatched 10 calls before), so it never waits for the step
 just dispatched. With two devices
 (`--xla_force_host_platform_device_count=2`) the learner runs on the
 second one, and each switch also copies the parameters across devices
@@ -22,6 +22,9 @@ import time
 
 from absl import app
 from absl import flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # For `bench`.
+from bench import harness  # pylint: disable=wrong-import-position
 
 flags.DEFINE_integer("devices", 0, "Internal: time one case with this many CPU devices.")
 flags.DEFINE_integer("calls", 10_000, "Acting calls per timing.")
@@ -75,7 +78,7 @@ def main(argv):
   del argv
   if FLAGS.devices:
     return _time_case(FLAGS.devices)
-  lines = [f"Command: `python bench/overlap_devices.py` ({os.cpu_count()} cores)", ""]
+  lines = []
   for num_devices in (1, 2):
     env = dict(os.environ)
     if num_devices > 1:
@@ -90,9 +93,7 @@ def main(argv):
   summary = ("compared: acting cost with and without a learner step in flight, on one XLA "
              "CPU device and on two (learner on the second); overlap would make them equal.")
   print(summary)
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  with open(os.path.join(root, FLAGS.out), "w") as f:
-    f.write("\n".join(lines + ["", summary]) + "\n")
+  harness.write_table(FLAGS.out, harness.command_line(), None, lines, notes=[summary])
 
 
 if __name__ == "__main__":

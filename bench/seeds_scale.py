@@ -9,18 +9,19 @@ the PureJaxRL-matching preset (MinAtar gets the MinAtar conv torso from
 its spec); the compile cache is off, so every row includes a cold compile.
 Each --num_seeds above 1 runs once per --cpu_devices value: 0 splits the
 seeds over one XLA CPU device each (the default), 1 runs them as one
-vmapped program on one device (the earlier behaviour).
+vmapped program on one device.
 Prints the table and writes it to --out. Nothing here needs a GPU; on one,
 JAX runs there by itself.
 """
 
-import json
 import os
-import subprocess
 import sys
 
 from absl import app
 from absl import flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # For `bench`.
+from bench import harness  # pylint: disable=wrong-import-position
 
 flags.DEFINE_list("envs", ["gymnax:CartPole-v1"], "gymnax environments.")
 flags.DEFINE_list("num_seeds", ["1", "16"], "--num_seeds values.")
@@ -31,45 +32,34 @@ flags.DEFINE_string("logdir", "runs/bench_seeds", "Where the runs write their lo
 flags.DEFINE_string("out", "bench/results/seeds_scale.md", "Markdown table to write.")
 FLAGS = flags.FLAGS
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _write(lines, device_kind: str) -> None:
-  with open(os.path.join(ROOT, FLAGS.out), "w") as f:
-    f.write(f"Command: `python bench/seeds_scale.py --envs={','.join(FLAGS.envs)} "
-            f"--num_seeds={','.join(FLAGS.num_seeds)} --cpu_devices={','.join(FLAGS.cpu_devices)} "
-            f"--total_steps={FLAGS.total_steps}`; device: {device_kind}\n\n")
-    f.write("\n".join(lines) + "\n")
-
 
 def main(argv):
   del argv
-  lines = ["| env | --num_seeds | --cpu_devices | devices used | backend | wall s | compile s "
-           "| env steps/s after compile, all seeds | x of 1 seed | wall x of 1 seed |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+  command = (f"python bench/seeds_scale.py --envs={','.join(FLAGS.envs)} "
+             f"--num_seeds={','.join(FLAGS.num_seeds)} --cpu_devices={','.join(FLAGS.cpu_devices)} "
+             f"--total_steps={FLAGS.total_steps}")
+  header = ["env", "--num_seeds", "--cpu_devices", "devices used", "backend", "wall s", "compile s",
+            "env steps/s after compile, all seeds", "x of 1 seed", "wall x of 1 seed"]
+  rows = []
   runs = [(n, d) for n in map(int, FLAGS.num_seeds)
           for d in (map(int, FLAGS.cpu_devices) if n > 1 else [0])]
   for env in FLAGS.envs:
     base = None
     for n, devices in runs:
-      logdir = os.path.join(FLAGS.logdir, f"{env.replace(':', '_')}_seeds{n}_devices{devices}")
-      subprocess.run([sys.executable, "-m", "launch.run_dqn",
-                      f"--flagfile={FLAGS.flagfile_preset}", f"--env={env}", f"--num_seeds={n}",
-                      f"--cpu_devices={devices}",
-                      f"--total_steps={FLAGS.total_steps}", "--compilation_cache_dir=",
-                      f"--log_every={FLAGS.total_steps}", f"--logdir={logdir}", "--quiet", "--nosave_checkpoints"],
-                     cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-      with open(os.path.join(ROOT, logdir, "summary.json")) as f:
-        s = json.load(f)
+      s = harness.run_preset(
+          [f"--flagfile={FLAGS.flagfile_preset}", f"--env={env}", f"--num_seeds={n}",
+           f"--cpu_devices={devices}", f"--total_steps={FLAGS.total_steps}",
+           "--compilation_cache_dir=", f"--log_every={FLAGS.total_steps}"],
+          os.path.join(FLAGS.logdir, f"{env.replace(':', '_')}_seeds{n}_devices{devices}"))
       base = base or s
-      line = (f"| {env} | {n} | {devices} | {s['seed_devices']} | {s['backend']} | "
-              f"{s['wall_s']:.1f} | {s['compile_s']:.1f} | "
-              f"{s['sps_after_compile_all_seeds']:,.0f} | "
-              f"{s['sps_after_compile_all_seeds'] / base['sps_after_compile_all_seeds']:.1f} | "
-              f"{s['wall_s'] / base['wall_s']:.2f} |")
-      print(line, flush=True)
-      lines.append(line)
-      _write(lines, s.get("device_kind", ""))  # After every row: a run cut short keeps them.
+      harness.add_row(rows, (
+          f"| {env} | {n} | {devices} | {s['seed_devices']} | {s['backend']} | "
+          f"{s['wall_s']:.1f} | {s['compile_s']:.1f} | "
+          f"{s['sps_after_compile_all_seeds']:,.0f} | "
+          f"{s['sps_after_compile_all_seeds'] / base['sps_after_compile_all_seeds']:.1f} | "
+          f"{s['wall_s'] / base['wall_s']:.2f} |"))
+      # After every row: a run cut short keeps them.
+      harness.write_table(FLAGS.out, command, header, rows, summary=s)
   print(f"compared: aggregate anakin env steps/s per --num_seeds against 1 seed, "
         f"{FLAGS.total_steps} steps per seed. Table: {FLAGS.out}")
 

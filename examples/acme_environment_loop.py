@@ -3,22 +3,24 @@
   pip install --no-deps dm-acme==0.4.0
   python examples/acme_environment_loop.py --steps=8000
 
-On Python 3.11, dm-acme installs only with --no-deps and needs `launchpad`
-(no wheel) for two stop-handler functions; the test suite supplies a
-stand-in from tests/stubs/ on PYTHONPATH. The agent is our LocalAgent:
+On Python 3.11, dm-acme installs only with --no-deps, without dm-launchpad
+(no wheel); `acme_interop.import_acme()` imports it all the same (see its
+docstring). The agent is our LocalAgent:
 Acme's loop calls its select_action / observe_first / observe / update,
 and update runs our learner at the configured samples-per-insert ratio.
 """
 
 from absl import app, flags
-from acme import core
-from acme import environment_loop
-from acme.utils import loggers
 import jax
 import numpy as np
 
-from acme_jax_dqn import envs, specs
+from acme_jax_dqn import acme_interop, envs, specs
 from agents.dqn import DQNConfig, LocalAgent
+
+acme_interop.import_acme()
+from acme import core  # pylint: disable=g-import-not-at-top,wrong-import-position
+from acme import environment_loop  # pylint: disable=g-import-not-at-top,wrong-import-position
+from acme.utils import loggers  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 flags.DEFINE_integer("steps", 8000, "Env steps to train for, counted by Acme's loop.")
 flags.DEFINE_integer("eval_episodes", 5, "Greedy episodes after training.")

@@ -17,9 +17,25 @@ from absl import flags
 from absl import logging
 
 
+def flag_terms(message, flag_names=None) -> str:
+  """The kit's field names in `message` as the flags that set them.
+
+  The kit names a field in backquotes: `name` becomes --name and
+  `name=value` becomes --name=value. Backquoted text that is not a flag
+  (of `flag_names`, by default the defined flags) stays as it is.
+  """
+  names = flags.FLAGS if flag_names is None else flag_names
+
+  def flag(match):
+    name, rest = match.group(1), match.group(2) or ""
+    return f"--{name}{rest}" if name in names else match.group(0)
+
+  return re.sub(r"`(\w+)(=[^`\s]*)?`", flag, str(message))
+
+
 def error_line(message) -> str:
-  """`message` on one line (its lines joined), for `error: ...` on stderr."""
-  return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+  """`message` on one line (its lines joined) in flag terms, for `error: ...` on stderr."""
+  return " ".join(part.strip() for part in flag_terms(message).splitlines() if part.strip())
 
 
 def _value_rule(name: str, value: str) -> str:
@@ -116,8 +132,10 @@ def checkpoint_tool_main(argv: Sequence[str], action: Callable[[], dict]) -> int
   if not flags.FLAGS.checkpoint_dir:
     print("error: --checkpoint_dir is required (a run's <logdir>/checkpoints).", file=sys.stderr)
     return 2
+  from acme_jax_dqn import loggers  # pylint: disable=import-outside-toplevel
   from acme_jax_dqn.checkpointing import CheckpointError  # pylint: disable=import-outside-toplevel
   from agents.dqn.config import ConfigError  # pylint: disable=import-outside-toplevel
+  loggers.set_message_terms(flag_terms)
   try:
     result = action()
   except (ConfigError, CheckpointError) as error:

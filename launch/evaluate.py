@@ -41,7 +41,7 @@ def evaluate_checkpoint(checkpoint_dir: str, episodes: int, step=None, epsilon: 
   import numpy as np
 
   from agents.dqn.config import ConfigError
-  from agents.dqn.experiment import evaluate
+  from agents.dqn.local_run import evaluate
   from agents.dqn.saved_policy import load_policy
 
   if episodes < 1:

@@ -7,7 +7,7 @@ from absl import app
 from absl import logging
 
 from launch import flags as launch_flags
-from launch.cli import error_line
+from launch.cli import error_line, flag_terms
 
 launch_flags.define_flags()
 
@@ -17,10 +17,12 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments {argv[1:]}: every option is a --flag.")
   if not launch_flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO.
+  from acme_jax_dqn import loggers
   from acme_jax_dqn.checkpointing import CheckpointError
   from agents.dqn.checkpoints import RunError, RunInterrupted
   from agents.dqn.config import ConfigError
   from agents.dqn.experiment import run_experiment
+  loggers.set_message_terms(flag_terms)  # Warnings name flags, as errors do.
   try:
     config = launch_flags.config_from_flags()
     experiment = launch_flags.experiment_from_flags()
@@ -29,10 +31,10 @@ def main(argv):
     print(f"error: {error_line(error)}", file=sys.stderr)
     return 2
   except RunError as error:  # The run went wrong (a NaN, a crashed node): what and where.
-    print(f"error: {error}", file=sys.stderr)
+    print(f"error: {flag_terms(error)}", file=sys.stderr)
     return 3
   except RunInterrupted as stop:  # SIGTERM / Ctrl-C: saved, stopped cleanly.
-    print(f"stopped: {stop}", file=sys.stderr)
+    print(f"stopped: {flag_terms(stop)}", file=sys.stderr)
     return stop.exit_code
   brief = {k: summary[k] for k in ("env", "env_steps", "learner_steps", "wall_s",
                                    "sps", "eval_return_mean", "eval_return_std")}

@@ -1,4 +1,7 @@
-"""Shared test fakes: a dm_env environment with a known spec, and fixed networks."""
+"""Shared test fakes: a dm_env environment with a known spec, fixed networks, and the repository paths."""
+
+import os
+import shutil
 
 import dm_env
 from dm_env import specs
@@ -8,6 +11,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from acme_jax_dqn.networks import Networks, NetworkOutput
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # The repository.
+TINY = os.path.join("tests", "configs", "tiny.cfg")  # A flagfile for runs of seconds.
+
+
+def copy_run(logdir, tmp_path):
+  """A copy of a run's logdir (and checkpoints) under `tmp_path`, for tests that change it."""
+  copy = tmp_path / "run"
+  shutil.copytree(logdir, copy)
+  return copy
 
 
 class FakeEnvironment(dm_env.Environment):

@@ -5,8 +5,8 @@ import ast
 import glob as glob_lib
 import os
 from typing import Dict, List, Set
+from tests.fakes import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("acme_jax_dqn", "agents", "launch", "bench", "tests", "examples")
 
 

@@ -30,7 +30,7 @@ def split_name(name: str):
   prefix, sep, env_id = name.partition(":")
   if not sep or not env_id or prefix not in KNOWN_PREFIXES:
     raise ValueError(
-        f"Unknown environment {name!r}: --env takes PREFIX:ID with PREFIX one of "
+        f"Unknown environment {name!r}: `env` takes PREFIX:ID with PREFIX one of "
         f"{', '.join(KNOWN_PREFIXES)} (e.g. {EXAMPLES}).")
   return prefix, env_id
 
@@ -107,8 +107,8 @@ def make_jax_environment(name: str) -> GymnaxEnv:
   prefix, env_id = split_name(name)
   if prefix not in JAX_PREFIXES:
     raise ValueError(
-        f"--run_mode=anakin needs an environment written in JAX, and {name!r} is "
+        f"`run_mode`=anakin needs an environment written in JAX, and {name!r} is "
         f"a {prefix} environment (stepped in Python). Anakin mode supports "
         f"{', '.join(p + ':*' for p in JAX_PREFIXES)}, e.g. {ANAKIN_EXAMPLES}; "
-        f"or run {name!r} with --run_mode=local.")
+        f"or run {name!r} with `run_mode`=local.")
   return gymnax_adapter.make_gymnax(env_id)

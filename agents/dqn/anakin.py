@@ -3,7 +3,7 @@
 `run_anakin_experiment` builds `acme_jax_dqn.anakin` from the `DQNBuilder`,
 vmaps it over `num_seeds` seeds, splits the seeds over the local devices
 (`shard_map`: each device runs its block, with no cross-device work; on
-the CPU, `--cpu_devices` makes the devices), compiles the init and the
+the CPU, `cpu_devices` makes the devices), compiles the init and the
 training chunk ahead of time (that is `compile_s`; the evaluation compiles in a
 background thread while training runs), then runs the chunks: each is one
 call on the device, after which one row of metrics comes back for the
@@ -13,9 +13,6 @@ terminal and train.csv.
 import concurrent.futures
 import functools
 import math
-import os
-import sys
-import time
 from typing import Any, Dict, List, Optional
 
 import jax
@@ -27,12 +24,13 @@ from acme_jax_dqn import checkpointing
 from acme_jax_dqn import envs
 from acme_jax_dqn import loggers
 from acme_jax_dqn import networks as networks_lib
+from acme_jax_dqn import rate_limiting
 from acme_jax_dqn import seeding
 from agents.dqn import checkpoints
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import ConfigError, DQNConfig
-from agents.dqn.experiment import (ExperimentConfig, base_summary, checkpoint_summary,
-                                   make_run_loggers)
+from agents.dqn.experiment_config import ExperimentConfig
+from agents.dqn.run_loop import Source
 
 
 class AnakinPlan:
@@ -46,9 +44,9 @@ class AnakinPlan:
     iterations = (experiment.total_steps - self.fill_env_steps) // self.steps_per_iteration
     if iterations < 1:
       raise ConfigError(
-          f"--total_steps={experiment.total_steps} is less than one training "
-          f"iteration ({self.steps_per_iteration} env steps with --num_envs={E}). "
-          "Raise --total_steps.")
+          f"`total_steps`={experiment.total_steps} is less than one training "
+          f"iteration ({self.steps_per_iteration} env steps with `num_envs`={E}). "
+          "Raise `total_steps`.")
     period = experiment.log_every
     for every in (experiment.eval_every, experiment.checkpoint_every):
       if every:
@@ -85,13 +83,13 @@ def _check_resumable_plan(run_checkpoints, plan: AnakinPlan) -> Optional[int]:
   saved = meta.get("plan")
   if saved is not None and saved != plan.as_dict():
     experiment = meta.get("experiment", {})
-    flags_text = ", ".join(f"--{name}={experiment.get(name)}" for name in
+    flags_text = ", ".join(f"`{name}`={experiment.get(name)}" for name in
                            ("log_every", "eval_every", "checkpoint_every", "total_steps"))
     raise checkpointing.CheckpointError(
-        f"--resume: the checkpoint's run split its budget into {saved['num_chunks']} chunks "
+        f"`resume`: the checkpoint's run split its budget into {saved['num_chunks']} chunks "
         f"of {saved['iterations_per_chunk']} iterations, and these flags give "
-        f"{plan.num_chunks} of {plan.iterations_per_chunk}. In anakin mode --log_every, "
-        "--eval_every, --checkpoint_every and --total_steps set the chunks of the compiled "
+        f"{plan.num_chunks} of {plan.iterations_per_chunk}. In anakin mode `log_every`, "
+        "`eval_every`, `checkpoint_every` and `total_steps` set the chunks of the compiled "
         f"program: resume with the checkpoint's values ({flags_text}).")
   return int(meta.get("seed_devices", 1))
 
@@ -108,8 +106,8 @@ def _seed_mesh(num_seeds: int, cpu_devices: int, torso: str,
                one_cpu_core: bool = False) -> jax.sharding.Mesh:
   """The local devices the seeds are split over: the most, up to a cap, that divide `num_seeds`.
 
-  On the CPU the cap is `--cpu_devices`; 0 means one device per seed for
-  MLP torsos, and one device for conv torsos or under `--one_cpu_core`
+  On the CPU the cap is `cpu_devices`; 0 means one device per seed for
+  MLP torsos, and one device for conv torsos or under `one_cpu_core`
   (whose one thread every device would share). Measured on 2 cores: 16
   seeds of the PureJaxRL CartPole preset ran 1.8x as fast on 16 devices
   as on one (tiny ops, one thread each, so seeds on parallel threads
@@ -123,15 +121,15 @@ def _seed_mesh(num_seeds: int, cpu_devices: int, torso: str,
     auto = 1 if one_cpu_core or torso != "mlp" else len(devices)
     wanted = saved_devices or cpu_devices or auto
     if saved_devices and cpu_devices and cpu_devices != saved_devices:
-      print(f"warning: --cpu_devices={cpu_devices}, but the checkpoint's run split its seeds "
-            f"over {saved_devices} devices; the resume keeps {saved_devices} (exact resume).",
-            file=sys.stderr)
+      loggers.warn(f"`cpu_devices`={cpu_devices}, but the checkpoint's run split its seeds "
+                   f"over {saved_devices} devices; the resume keeps {saved_devices} (exact "
+                   "resume).")
     devices = devices[:wanted]
   count = max(d for d in range(1, len(devices) + 1) if num_seeds % d == 0)
   if cpu_devices and count < min(cpu_devices, num_seeds) and not saved_devices:
-    print(f"warning: --cpu_devices={cpu_devices}: the {num_seeds} seeds split evenly over "
-          f"{count} device(s) ({len(jax.local_devices())} exist); pick --num_seeds a multiple "
-          "of --cpu_devices to use them all.", file=sys.stderr)
+    loggers.warn(f"`cpu_devices`={cpu_devices}: the {num_seeds} seeds split evenly over "
+                 f"{count} device(s) ({len(jax.local_devices())} exist); pick `num_seeds` a "
+                 "multiple of `cpu_devices` to use them all.")
   return jax.sharding.Mesh(np.array(devices[:count]), ("seeds",))
 
 
@@ -144,18 +142,18 @@ def _check_independent_seeds(experiment: ExperimentConfig, seed_devices: int) ->
 
   JAX batches `rng_bit_generator` over a vmapped axis of keys by drawing
   every element's bits from the first key (jax 0.10: lax's
-  `_rng_bit_generator_batching_rule`), so under `--prng_impl=rbg` or
+  `_rng_bit_generator_batching_rule`), so under `prng_impl`=rbg or
   `unsafe_rbg` the seeds of one program would not each be their own run.
   One seed per device keeps them apart (`tests/test_anakin.py` shows both).
   """
   per_device = experiment.num_seeds // seed_devices
   if experiment.prng_impl in RBG_IMPLS and per_device > 1:
     raise ConfigError(
-        f"--prng_impl={experiment.prng_impl} with {per_device} seeds on one device "
-        f"(--num_seeds={experiment.num_seeds} over {seed_devices} device(s)): under vmap "
+        f"`prng_impl`={experiment.prng_impl} with {per_device} seeds on one device "
+        f"(`num_seeds`={experiment.num_seeds} over {seed_devices} device(s)): under vmap "
         "JAX draws every seed's random bits from the first seed's key with this PRNG, so "
-        "the seeds would not be independent runs. Use --prng_impl=threefry2x32, or one "
-        f"seed per device (on the CPU, --cpu_devices={experiment.num_seeds}).")
+        "the seeds would not be independent runs. Use `prng_impl`=threefry2x32, or one "
+        f"seed per device (on the CPU, `cpu_devices`={experiment.num_seeds}).")
 
 
 def _per_device(fn, mesh, in_specs, out_specs=P("seeds")):
@@ -167,188 +165,157 @@ def _mean(values) -> float:
   return float(np.mean(np.asarray(values, np.float64)))
 
 
-def run_anakin_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str, Any]:
-  """Trains `num_seeds` seeds in one compiled program; writes the local mode's files.
+class AnakinSource(Source):
+  """`num_seeds` seeds in one compiled program; each advance is one compiled chunk.
 
   Checkpoints hold the whole compiled state (learner, replay, environments,
-  keys) for all seeds and are saved between chunks: at the end, every
-  `checkpoint_every` env steps, and on SIGTERM / Ctrl-C.
+  keys) for all seeds.
   """
-  start = time.perf_counter()
-  try:  # Bad input: a non-JAX env, an unknown id, actions or observations the network cannot take.
-    env = envs.make_jax_environment(experiment.env)
-    builder = DQNBuilder(config)
-    networks = builder.make_networks(env.spec, experiment.env)
-  except ValueError as error:
-    raise ConfigError(str(error)) from error
-  trainer = builder.make_anakin(env, networks, experiment.eval_episodes)
-  plan = AnakinPlan(trainer, config, experiment)
-  warning = anakin_lib.ratio_warning(config.batch_size, config.num_sgd_steps_per_step,
-                                     config.samples_per_insert, config.num_envs)
-  if warning:
-    print(warning, file=sys.stderr)
-  saved_devices = None
-  if experiment.resume:  # Before compiling: a plan that differs costs seconds, not a compile.
-    saved_devices = _check_resumable_plan(checkpoints.RunCheckpoints(experiment, config), plan)
-  num_seeds = experiment.num_seeds
-  seeds = [experiment.seed + i for i in range(num_seeds)]
-  train_keys = np.stack([np.asarray(jax.random.PRNGKey(s)) for s in seeds])
-  # Evaluation has its own stream per seed.
-  eval_keys = np.stack([np.asarray(seeding.derive_key(s, seeding.Stream.EVAL_KEYS))
-                        for s in seeds])
-  mesh = _seed_mesh(num_seeds, experiment.cpu_devices,
-                    networks_lib.choose_torso(env.spec.observations.shape, config.torso),
-                    saved_devices, experiment.one_cpu_core)
-  _check_independent_seeds(experiment, mesh.size)
-  init = jax.jit(_per_device(jax.vmap(trainer.init), mesh, P("seeds")))
-  state_shape = jax.eval_shape(init, train_keys)
-  chunk_fn = _per_device(
-      jax.vmap(functools.partial(trainer.train_chunk, num_iterations=plan.iterations_per_chunk),
-               in_axes=(0, None)), mesh, (P("seeds"), P()))
-  # XLA compiles a program on the thread that asks: the init compiles beside
-  # the training chunk, and the evaluation (not needed before the first
-  # chunk ends) after the init, meanwhile.
-  init_future = _compile_in_background(init.lower(train_keys))
-  evaluate_lowered = jax.jit(_per_device(jax.vmap(trainer.evaluate), mesh,
-                                         (P("seeds"), P("seeds")))).lower(
-      state_shape.learner.online_params, eval_keys)
-  train_chunk = jax.jit(chunk_fn, donate_argnums=0).lower(
-      state_shape, np.int32(0)).compile()
-  state = init_future.result()(train_keys)
-  evaluate_future = _compile_in_background(evaluate_lowered)
-  jax.block_until_ready(state)
+  row_every_advance = True
 
-  run_checkpoints = checkpoints.RunCheckpoints(experiment, config)
-  eval_rows: List[Dict[str, Any]] = []
-  done_chunks, learner_steps, last_row, resumed_from = 0, 0, {}, None
-  if experiment.resume:
-    arrays, meta, host = run_checkpoints.restore({"anakin": state})
-    state = arrays["anakin"]
-    done_chunks, learner_steps = host["chunks"], host["learner_steps"]
-    eval_rows, last_row = list(host["eval_rows"]), dict(host["last_row"])
-    resumed_from = int(meta["env_steps"])
-  # `compile_s`: all the time before the first env step of training
-  # (the n-step window fill in `init` is a few steps).
-  compile_s = time.perf_counter() - start
-  first_step = resumed_from or 0
+  def __init__(self, experiment: ExperimentConfig, config: DQNConfig):
+    self._experiment, self._config = experiment, config
+    try:  # Bad input: a non-JAX env, an unknown id, actions or observations the network cannot take.
+      env = envs.make_jax_environment(experiment.env)
+      builder = DQNBuilder(config)
+      networks = builder.make_networks(env.spec, experiment.env)
+    except ValueError as error:
+      raise ConfigError(str(error)) from error
+    self.spec = env.spec
+    self._trainer = trainer = builder.make_anakin(env, networks, experiment.eval_episodes)
+    self._plan = plan = AnakinPlan(trainer, config, experiment)
+    warning = rate_limiting.ratio_warning(config.batch_size, config.num_sgd_steps_per_step,
+                                          config.samples_per_insert, config.num_envs)
+    if warning:
+      loggers.warn(warning)
+    saved_devices = None
+    if experiment.resume:  # Before compiling: a plan that differs costs seconds, not a compile.
+      saved_devices = _check_resumable_plan(checkpoints.RunCheckpoints(experiment, config), plan)
+    num_seeds = experiment.num_seeds
+    self.seeds = seeds = [experiment.seed + i for i in range(num_seeds)]
+    train_keys = np.stack([np.asarray(jax.random.PRNGKey(s)) for s in seeds])
+    # Evaluation has its own stream per seed.
+    self._eval_keys = np.stack([np.asarray(seeding.derive_key(s, seeding.Stream.EVAL_KEYS))
+                                for s in seeds])
+    self._mesh = mesh = _seed_mesh(
+        num_seeds, experiment.cpu_devices,
+        networks_lib.choose_torso(env.spec.observations.shape, config.torso),
+        saved_devices, experiment.one_cpu_core)
+    _check_independent_seeds(experiment, mesh.size)
+    init = jax.jit(_per_device(jax.vmap(trainer.init), mesh, P("seeds")))
+    state_shape = jax.eval_shape(init, train_keys)
+    chunk_fn = _per_device(
+        jax.vmap(functools.partial(trainer.train_chunk,
+                                   num_iterations=plan.iterations_per_chunk),
+                 in_axes=(0, None)), mesh, (P("seeds"), P()))
+    # XLA compiles a program on the thread that asks: the init compiles beside
+    # the training chunk, and the evaluation (not needed before the first
+    # chunk ends) after the init, meanwhile.
+    init_future = _compile_in_background(init.lower(train_keys))
+    evaluate_lowered = jax.jit(_per_device(jax.vmap(trainer.evaluate), mesh,
+                                           (P("seeds"), P("seeds")))).lower(
+        state_shape.learner.online_params, self._eval_keys)
+    self._train_chunk = jax.jit(chunk_fn, donate_argnums=0).lower(
+        state_shape, np.int32(0)).compile()
+    self._state = init_future.result()(train_keys)
+    self._evaluate = _compile_in_background(evaluate_lowered)
+    jax.block_until_ready(self._state)
+    self._chunks, self._first_step = 0, 0
+    self._metrics: Dict[str, Any] = {}
+    self._last_row: Dict[str, Any] = {}
+    self._evals: List[Any] = []
+    # Chunk ends fall near, not on, multiples of `eval_every` (the n-step fill
+    # and whole iterations shift them): evaluate at the chunk end nearest each.
+    self.eval_slack = plan.iterations_per_chunk * plan.steps_per_iteration // 2
 
-  run_log = make_run_loggers(experiment, config, resumed_from)
-  eval_s = 0.0
-  train_start = time.perf_counter()
+  @property
+  def done(self) -> bool:
+    return self._chunks >= self._plan.num_chunks
 
-  def run_eval(env_steps: int, learner_steps: int, eval_index: int):
-    nonlocal eval_s
-    eval_start = time.perf_counter()
-    keys = jax.vmap(lambda k: jax.random.fold_in(k, eval_index))(eval_keys)
-    returns = np.asarray(evaluate_future.result()(state.learner.online_params, keys),
-                         np.float64)
-    eval_s += time.perf_counter() - eval_start
-    per_seed = returns.mean(axis=1)
-    row = {"env_steps": env_steps, "learner_steps": learner_steps,
-           "wall_s": time.perf_counter() - start,
-           "eval_return_mean": float(per_seed.mean()),
-           "eval_return_std": float(returns.std()),
-           "eval_episodes": int(returns.shape[1]),
-           "eval_return_min_seed": float(per_seed.min()),
-           **{f"eval_return_seed{s}": float(r) for s, r in zip(seeds, per_seed)}}
-    run_log.eval(row)
-    eval_rows.append({**row, "eval_return_per_seed": per_seed.tolist()})
+  def restore(self, run_checkpoints):
+    arrays, meta, host = run_checkpoints.restore({"anakin": self._state})
+    self._state = arrays["anakin"]
+    self._chunks, self.learner_steps = host["chunks"], host["learner_steps"]
+    self._last_row = dict(host["last_row"])
+    self.env_steps = self._first_step = int(meta["env_steps"])
+    return host, self.env_steps
 
-  def nonfinite_check(nonfinite, first_nonfinite, env_steps):
-    seeds_bad = [(int(step), s) for step, s in zip(first_nonfinite, seeds) if step >= 0]
-    if seeds_bad:
-      step, seed = min(seeds_bad)
-      run_checkpoints.check_finite(int(np.sum(nonfinite)), step,
-                                   f" (seed {seed}, env step <= {env_steps})")
+  def advance(self, target_steps: int, should_stop) -> None:
+    del target_steps, should_stop  # One compiled chunk: its length is fixed.
+    first_iteration = self._chunks * self._plan.iterations_per_chunk
+    self._state, metrics = self._train_chunk(self._state, np.int32(first_iteration))
+    self._chunks += 1
+    self._metrics = metrics = jax.device_get(metrics)  # One transfer per chunk, [num_seeds] each.
+    self.env_steps = int(metrics["env_steps"][0])
+    self.learner_steps = int(metrics["learner_steps"][0])
 
-  def save(env_steps: int, chunks: int):
-    return run_checkpoints.save(env_steps, {"anakin": state}, {
-        "chunks": chunks, "learner_steps": learner_steps, "eval_rows": eval_rows,
-        "last_row": last_row, "plan": plan.as_dict()}, {
-            "run_mode": "anakin", "learner_steps": learner_steps, "num_seeds": num_seeds,
-            "replay_saved": True, "plan": plan.as_dict(), "seed_devices": mesh.size,
-            "nonfinite_updates": int(np.sum(jax.device_get(state.learner.nonfinite_updates)))},
-        params=jax.device_get(state.learner.online_params))
+  def train_fields(self) -> Dict[str, Any]:
+    skip = ("env_steps", "learner_steps", "episodes", "episode_return_sum",
+            "first_nonfinite_step", "nonfinite_updates")
+    metrics = self._metrics
+    episodes = metrics["episodes"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+      returns = np.where(episodes > 0, metrics["episode_return_sum"] / np.maximum(episodes, 1),
+                         np.nan)
+    self._last_row = {
+        "episodes": int(episodes.sum()),
+        "return_recent": float(np.nanmean(returns)) if np.any(episodes) else math.nan,
+        **{name: _mean(value) for name, value in metrics.items() if name not in skip},
+        "nonfinite_updates": int(np.sum(metrics["nonfinite_updates"]))}
+    return self._last_row
 
-  # Chunk ends fall near, not on, multiples of --eval_every (the n-step fill
-  # and whole iterations shift them): evaluate at the chunk end nearest each.
-  half_chunk = plan.iterations_per_chunk * plan.steps_per_iteration // 2
-  next_eval = checkpoints.next_multiple(first_step + half_chunk, experiment.eval_every)
-  next_save = checkpoints.next_multiple(first_step, run_checkpoints.every)
-  # Signals are held from here to the final checkpoint (see run_local_experiment).
-  preemption = checkpoints.Preemption().__enter__()
-  try:
-    for chunk in range(done_chunks + 1, plan.num_chunks + 1):
-      state, metrics = train_chunk(state, np.int32((chunk - 1) * plan.iterations_per_chunk))
-      metrics = jax.device_get(metrics)  # One transfer per chunk, [num_seeds] each.
-      env_steps = int(metrics.pop("env_steps")[0])
-      learner_steps = int(metrics.pop("learner_steps")[0])
-      episodes = metrics.pop("episodes")
-      return_sum = metrics.pop("episode_return_sum")
-      first_nonfinite = metrics.pop("first_nonfinite_step")
-      nonfinite = metrics.pop("nonfinite_updates")
-      with np.errstate(invalid="ignore", divide="ignore"):
-        returns = np.where(episodes > 0, return_sum / np.maximum(episodes, 1), np.nan)
-      elapsed = time.perf_counter() - train_start - eval_s
-      last_row = {"env_steps": env_steps, "learner_steps": learner_steps,
-                  "wall_s": time.perf_counter() - start,
-                  "sps": (env_steps - first_step) / max(elapsed, 1e-9),
-                  "episodes": int(episodes.sum()),
-                  "return_recent": float(np.nanmean(returns)) if np.any(episodes) else math.nan,
-                  **{name: _mean(value) for name, value in metrics.items()},
-                  "nonfinite_updates": int(np.sum(nonfinite))}
-      run_log.train(last_row)
-      nonfinite_check(nonfinite, first_nonfinite, env_steps)
-      if next_eval is not None and env_steps + half_chunk >= next_eval:
-        run_eval(env_steps, learner_steps, len(eval_rows))
-        next_eval = checkpoints.next_multiple(env_steps + half_chunk, experiment.eval_every)
-      if run_checkpoints.due(env_steps, next_save):
-        save(env_steps, chunk)
-        next_save = checkpoints.next_multiple(env_steps, run_checkpoints.every)
-      if preemption.requested() and chunk < plan.num_chunks:
-        raise checkpoints.RunInterrupted(preemption.signum, env_steps, save(env_steps, chunk))
-      run_checkpoints.maybe_kill(env_steps)
-    if not eval_rows or eval_rows[-1]["env_steps"] != plan.env_steps:
-      run_eval(plan.env_steps, learner_steps, len(eval_rows))
-    wall_s = time.perf_counter() - start
-    run_log.close()
-    try:  # The final checkpoint (see run_local_experiment).
-      save(plan.env_steps, plan.num_chunks)
-    except (OSError, ValueError) as error:
-      print(f"warning: the final checkpoint could not be saved ({error}).", file=sys.stderr)
-  finally:
-    preemption.__exit__(None, None, None)
-    run_log.close()  # Also on an error or a stop: no bar left drawn, no file left open.
-  run_checkpoints.close()
-  nonfinite_updates = int(np.sum(jax.device_get(state.learner.nonfinite_updates)))
-  final = eval_rows[-1]
-  summary = base_summary(experiment, config, env_steps=plan.env_steps,
-                         learner_steps=learner_steps, wall_s=wall_s, compile_s=compile_s,
-                         eval_s=eval_s, final_eval=final, spec=env.spec,
-                         steps_this_start=plan.env_steps - first_step)
-  learn_env_steps = plan.env_steps - plan.fill_env_steps - config.min_replay_size
-  steps_all_seeds = (plan.env_steps - first_step) * num_seeds
-  online_params = jax.device_get(state.learner.online_params)  # Once, not per seed.
-  summary.update(
-      train_return_recent=last_row.get("return_recent", math.nan),
-      num_seeds=num_seeds,
-      seeds=seeds,
-      seed_devices=mesh.size,
-      eval_return_per_seed=final["eval_return_per_seed"],
-      eval_return_min_seed=final["eval_return_min_seed"],
-      env_steps_all_seeds=plan.env_steps * num_seeds,
-      sps_all_seeds=steps_all_seeds / wall_s,
-      sps_after_compile_all_seeds=steps_all_seeds / (wall_s - compile_s),
-      env_steps_per_iteration=plan.steps_per_iteration,
-      learner_calls_per_iteration=trainer.learner_calls_per_iteration,
-      samples_per_insert_effective=(learner_steps * config.batch_size
-                                    / max(learn_env_steps, 1)),
-      params_checksum=checkpointing.params_checksum(online_params),
-      params_checksum_per_seed=[
-          checkpointing.params_checksum(jax.tree.map(lambda x, i=i: x[i], online_params))
-          for i in range(num_seeds)],
-      nonfinite_updates=nonfinite_updates,
-      **checkpoint_summary(run_checkpoints, resumed_from),
-  )
-  loggers.write_json_atomic(os.path.join(experiment.logdir, "summary.json"), summary)
-  return summary
+  def nonfinite(self):
+    if not self._metrics:
+      return 0, -1, ""
+    first = self._metrics["first_nonfinite_step"]
+    bad = [(int(step), s) for step, s in zip(first, self.seeds) if step >= 0]
+    if not bad:
+      return 0, -1, ""
+    step, seed = min(bad)
+    return int(np.sum(self._metrics["nonfinite_updates"])), step, f"seed {seed}, "
+
+  def start_eval(self, eval_index: int) -> bool:
+    keys = jax.vmap(lambda k: jax.random.fold_in(k, eval_index))(self._eval_keys)
+    returns = self._evaluate.result()(self._state.learner.online_params, keys)
+    self._evals.append((self.env_steps, self.learner_steps, np.asarray(returns, np.float64)))
+    return True
+
+  def finished_evals(self, wait: bool = False):
+    done, self._evals = self._evals, []
+    return done
+
+  def checkpoint(self):
+    plan = self._plan.as_dict()
+    learner = self._state.learner
+    host = {"chunks": self._chunks, "learner_steps": self.learner_steps,
+            "last_row": self._last_row, "plan": plan}
+    meta = {"num_seeds": len(self.seeds), "replay_saved": True, "plan": plan,
+            "seed_devices": self._mesh.size,
+            "nonfinite_updates": int(np.sum(jax.device_get(learner.nonfinite_updates)))}
+    return (self.env_steps, {"anakin": self._state}, host, meta,
+            jax.device_get(learner.online_params))
+
+  def summary_fields(self, final_eval, wall_s, compile_s) -> Dict[str, Any]:
+    config, plan, num_seeds = self._config, self._plan, len(self.seeds)
+    learn_env_steps = plan.env_steps - plan.fill_env_steps - config.min_replay_size
+    steps_all_seeds = (plan.env_steps - self._first_step) * num_seeds
+    online_params = jax.device_get(self._state.learner.online_params)  # Once, not per seed.
+    return dict(
+        train_return_recent=self._last_row.get("return_recent", math.nan),
+        num_seeds=num_seeds,
+        seeds=list(self.seeds),
+        seed_devices=self._mesh.size,
+        eval_return_per_seed=final_eval["eval_return_per_seed"],
+        eval_return_min_seed=final_eval["eval_return_min_seed"],
+        env_steps_all_seeds=plan.env_steps * num_seeds,
+        sps_all_seeds=steps_all_seeds / wall_s,
+        sps_after_compile_all_seeds=steps_all_seeds / (wall_s - compile_s),
+        env_steps_per_iteration=plan.steps_per_iteration,
+        learner_calls_per_iteration=self._trainer.learner_calls_per_iteration,
+        samples_per_insert_effective=(self.learner_steps * config.batch_size
+                                      / max(learn_env_steps, 1)),
+        params_checksum=checkpointing.params_checksum(online_params),
+        params_checksum_per_seed=[
+            checkpointing.params_checksum(jax.tree.map(lambda x, i=i: x[i], online_params))
+            for i in range(num_seeds)],
+        nonfinite_updates=int(np.sum(jax.device_get(self._state.learner.nonfinite_updates))))

@@ -13,11 +13,12 @@ from acme_jax_dqn import adders
 from acme_jax_dqn import learning
 from acme_jax_dqn import losses
 from acme_jax_dqn import networks as networks_lib
+from acme_jax_dqn import rate_limiting
 from acme_jax_dqn import replay as replay_lib
 from acme_jax_dqn import specs
 from acme_jax_dqn.envs.gymnax_adapter import GymnaxEnv
 from acme_jax_dqn.types import Transition
-from agents.dqn.config import DQNConfig
+from agents.dqn.config import ConfigError, DQNConfig
 
 
 class DQNBuilder:
@@ -25,7 +26,8 @@ class DQNBuilder:
 
   The pure pieces (`make_sgd_step`, `make_learner_step`, `make_policy`)
   serve every run mode; the objects (`make_learner`, `make_actor`,
-  `make_replay_buffer`, `make_adder`) serve Python-driven loops.
+  `make_replay_buffer`, `make_adder`, `make_rate_limiter`) serve the
+  Python-driven loops: the local agent and the distributed nodes.
   """
 
   def __init__(self, config: DQNConfig):
@@ -82,6 +84,43 @@ class DQNBuilder:
         self.make_sgd_step(networks, optimizer), replay, c.num_sgd_steps_per_step,
         self.importance_sampling_schedule(), c.priority_epsilon)
 
+  def make_batches_learner_step(self, networks: networks_lib.Networks,
+                                optimizer: Optional[optax.GradientTransformation] = None):
+    """One learner call on `num_sgd_steps_per_step` batches sampled elsewhere (the replay node)."""
+    return learning.make_batches_step(self.make_sgd_step(networks, optimizer),
+                                      self.config.priority_epsilon)
+
+  def importance_sampling_exponent(self, sgd_steps: int) -> float:
+    """The PER exponent after `sgd_steps` SGD steps (the schedule counts applied updates)."""
+    applied = sgd_steps // self.config.gradient_accumulation_steps
+    return float(self.importance_sampling_schedule()(applied))
+
+  def learner_calls_due(self, inserted: int) -> int:
+    """Learner calls the samples-per-insert rule allows after `inserted` replay items."""
+    c = self.config
+    return rate_limiting.calls_due(inserted, c.min_replay_size, c.samples_per_insert,
+                                   c.samples_per_learner_step)
+
+  def make_rate_limiter(self, num_actors: int,
+                        insert_batch: int) -> rate_limiting.SampleToInsertRatio:
+    """The distributed replay's limiter: the same rule, with room for what is in flight.
+
+    Raises ConfigError when the replay cannot hold `min_replay_size` plus one
+    batch in flight from every actor.
+    """
+    c = self.config
+    needed = c.min_replay_size + insert_batch * num_actors
+    if c.replay_capacity < needed:
+      raise ConfigError(
+          f"`replay_capacity`={c.replay_capacity} is too small for the rate limiter: it "
+          f"must hold `min_replay_size`={c.min_replay_size} plus one batch of "
+          f"`actor_insert_batch`={insert_batch} transitions from each of `num_actors`="
+          f"{num_actors} actors ({needed}). Raise `replay_capacity` or lower the others.")
+    return rate_limiting.SampleToInsertRatio(
+        c.samples_per_insert, c.min_replay_size,
+        rate_limiting.error_buffer(c.samples_per_learner_step, c.samples_per_insert,
+                                   num_actors, insert_batch))
+
   def make_policy(self, networks: networks_lib.Networks) -> actors.PolicyFn:
     return actors.make_epsilon_greedy_policy(networks)
 
@@ -115,7 +154,7 @@ class DQNBuilder:
     c = self.config
     optimizer = self.make_optimizer()
     replay = self.make_replay()
-    env_steps, learner_calls = anakin.iteration_shape(
+    env_steps, learner_calls = rate_limiting.iteration_shape(
         c.samples_per_learner_step, c.samples_per_insert, c.num_envs)
     return anakin.make_anakin(
         env, networks, optimizer, self.make_learner_step(networks, replay, optimizer),
@@ -164,9 +203,14 @@ class DQNBuilder:
 
   def make_actor(self, networks: networks_lib.Networks, variable_source,
                  key: chex.PRNGKey, adder=None, evaluation: bool = False,
-                 num_envs: Optional[int] = None) -> actors.Actor:
+                 num_envs: Optional[int] = None, actor_index: int = 0,
+                 num_actors: int = 1) -> actors.Actor:
+    """An actor over `num_envs` env copies (None: one, unbatched), reading `variable_source`.
+
+    `actor_index` of `num_actors` picks its epsilons (see `make_epsilon_schedule`).
+    """
     period = 1 if evaluation else self.config.variable_update_period
     client = actors.VariableClient(variable_source, "policy", period)
-    return actors.Actor(actors.make_greedy_policy(networks),
-                        self.make_epsilon_schedule(evaluation, num_envs or 1), client, key,
+    epsilon_fn = self.make_epsilon_schedule(evaluation, num_envs or 1, actor_index, num_actors)
+    return actors.Actor(actors.make_greedy_policy(networks), epsilon_fn, client, key,
                         networks.num_actions, adder=adder, num_envs=num_envs)

@@ -16,6 +16,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from acme_jax_dqn import checkpointing
+from acme_jax_dqn import loggers
 from agents.dqn.config import ConfigError, DQNConfig
 
 # Flags a resumed run must share with the checkpoint's run (else it would be another run).
@@ -39,8 +40,8 @@ class RunInterrupted(Exception):
   def __init__(self, signum: int, env_steps: int, checkpoint: Optional[str]):
     self.signum, self.env_steps, self.checkpoint = signum, env_steps, checkpoint
     name = signal.Signals(signum).name
-    where = (f"checkpoint saved to {checkpoint}; continue with --resume"
-             if checkpoint else "checkpoints are off (--nosave_checkpoints), nothing saved")
+    where = (f"checkpoint saved to {checkpoint}; continue with `resume`"
+             if checkpoint else "checkpoints are off (`save_checkpoints`=False), nothing saved")
     super().__init__(f"{name} at env step {env_steps}: {where}.")
 
   @property
@@ -97,7 +98,7 @@ def next_multiple(step: int, every: int) -> Optional[int]:
 
 
 def checkpoint_directory(experiment) -> str:
-  """The run's checkpoint directory: --checkpoint_dir, by default <logdir>/checkpoints."""
+  """The run's checkpoint directory: `checkpoint_dir`, by default <logdir>/checkpoints."""
   return experiment.checkpoint_dir or os.path.join(experiment.logdir, "checkpoints")
 
 
@@ -147,7 +148,7 @@ def check_start(experiment, config: DQNConfig) -> None:
   """What the checkpoint directory must hold, said before anything compiles.
 
   A new run refuses a directory that holds another run's checkpoints (it
-  would mix with them); `--resume` needs one that holds a checkpoint.
+  would mix with them); `resume` needs one that holds a checkpoint.
   """
   run_checkpoints = RunCheckpoints(experiment, config)
   try:
@@ -155,8 +156,8 @@ def check_start(experiment, config: DQNConfig) -> None:
       run_checkpoints.check_fresh_start()
     elif run_checkpoints.checkpointer.latest_step() is None:
       raise checkpointing.CheckpointError(
-          f"--resume: no checkpoint in {run_checkpoints.directory}. Start without --resume, "
-          "or point --checkpoint_dir at the directory of the run to continue.")
+          f"`resume`: no checkpoint in {run_checkpoints.directory}. Start without `resume`, "
+          "or point `checkpoint_dir` at the directory of the run to continue.")
   finally:
     run_checkpoints.close()
 
@@ -168,27 +169,27 @@ def _nearest_existing(path: str) -> str:
 
 
 def check_output_directory(flag: str, value: str, note: str = "") -> None:
-  """Raises ConfigError naming `--flag` unless `value` is (or can become) a writable directory.
+  """Raises ConfigError naming `flag` unless `value` is (or can become) a writable directory.
 
   Nothing is created: the path must be a directory, or not exist under a
   directory this process can write to.
   """
   path = os.path.abspath(os.path.expanduser(value))
-  shown = f"--{flag}={value}{note}"
+  shown = f"`{flag}`={value}{note}"
   existing = _nearest_existing(path)
   kind = "a file" if os.path.isfile(existing) else "not a directory"
   if existing == path and not os.path.isdir(path):
-    raise ConfigError(f"{shown}: is {kind}; point --{flag} at a directory.")
+    raise ConfigError(f"{shown}: is {kind}; point `{flag}` at a directory.")
   if not os.path.isdir(existing):
     raise ConfigError(f"{shown}: {existing} is {kind}, so no directory can be made under "
-                      f"it; point --{flag} at a directory.")
+                      f"it; point `{flag}` at a directory.")
   if not os.access(existing, os.W_OK | os.X_OK):
-    raise ConfigError(f"{shown}: {existing} is not writable; point --{flag} at a directory "
+    raise ConfigError(f"{shown}: {existing} is not writable; point `{flag}` at a directory "
                       "you can write to.")
 
 
 def check_output_paths(experiment) -> None:
-  """Every directory the run writes (--logdir; --checkpoint_dir when checkpoints are on)."""
+  """Every directory the run writes (`logdir`; `checkpoint_dir` when checkpoints are on)."""
   check_output_directory("logdir", experiment.logdir)
   if experiment.save_checkpoints:
     default = "" if experiment.checkpoint_dir else " (the default, <logdir>/checkpoints)"
@@ -268,8 +269,8 @@ class RunCheckpoints:
     if reasons:
       self.checkpointer.close()
       raise checkpointing.CheckpointError(
-          f"--resume from {self.checkpointer.path(step)}: {'; and '.join(reasons)}. Resume "
-          "with the checkpoint's values, or start a new run in a new --logdir.")
+          f"`resume` from {self.checkpointer.path(step)}: {'; and '.join(reasons)}. Resume "
+          "with the checkpoint's values, or start a new run in a new `logdir`.")
 
   def restore(self, target) -> Tuple[Any, Dict[str, Any], Any]:
     """Restores the newest readable checkpoint into `target`'s structure.
@@ -290,9 +291,8 @@ class RunCheckpoints:
     self.check_same_run(meta, step)
     differences = self._flag_differences(meta)
     if differences:
-      print("warning: resuming with flags that differ from the checkpoint's run, so the "
-            "result is not the run that was saved: " + "; ".join(differences),
-            file=sys.stderr, flush=True)
+      loggers.warn("resuming with flags that differ from the checkpoint's run, so the "
+                   "result is not the run that was saved: " + "; ".join(differences))
     print(f"resumed from {self.checkpointer.path(step)} (env step {meta['env_steps']})",
           flush=True)
     self.last_path, self.last_step = self.checkpointer.path(step), step
@@ -309,8 +309,8 @@ class RunCheckpoints:
       self.checkpointer.close()
       raise ConfigError(
           f"{self.directory} holds checkpoints of an earlier run (env steps {steps}). "
-          "Pass --resume to continue that run, or use a new --logdir (or "
-          "--checkpoint_dir) for a new one; delete the directory to discard them.")
+          "Pass `resume` to continue that run, or use a new `logdir` (or "
+          "`checkpoint_dir`) for a new one; delete the directory to discard them.")
 
   def due(self, env_steps: int, next_save: Optional[int]) -> bool:
     return next_save is not None and env_steps >= next_save
@@ -332,10 +332,10 @@ class RunCheckpoints:
 
   def check_finite(self, nonfinite_updates: int, first_nonfinite_step: int,
                    where: str = "") -> None:
-    """Stops the run on a new non-finite update unless --skip_nonfinite_updates.
+    """Stops the run on a new non-finite update unless `skip_nonfinite_updates`.
 
     Updates counted before this start (a run saved with
-    --skip_nonfinite_updates) do not stop it.
+    `skip_nonfinite_updates`) do not stop it.
     """
     if nonfinite_updates <= self._nonfinite_at_start or self._experiment.skip_nonfinite_updates:
       return
@@ -348,8 +348,8 @@ class RunCheckpoints:
     raise NonFiniteError(
         f"Non-finite loss or gradient {when}{where}: the update was not applied and "
         f"the run stopped. {last} (finite parameters). Look for NaN or inf in rewards "
-        "or observations, or lower --learning_rate, then resume with --resume; or "
-        "resume with --skip_nonfinite_updates to skip such updates and count them "
+        "or observations, or lower `learning_rate`, then resume with `resume`; or "
+        "resume with `skip_nonfinite_updates` to skip such updates and count them "
         "(train.csv column nonfinite_updates).")
 
   def maybe_kill(self, env_steps: int) -> None:
@@ -361,19 +361,3 @@ class RunCheckpoints:
 
   def close(self) -> None:
     self.checkpointer.close()
-
-
-def check_experiment(experiment) -> None:
-  """Checkpoint flags that cannot work together (raises ConfigError naming them)."""
-  if experiment.keep_checkpoints < 0:
-    raise ConfigError(f"--keep_checkpoints={experiment.keep_checkpoints}: must be 0 "
-                      "(keep all) or a positive number.")
-  if experiment.checkpoint_every < 0:
-    raise ConfigError(f"--checkpoint_every={experiment.checkpoint_every}: must be 0 (at "
-                      "the end and on SIGTERM only) or a positive number of env steps.")
-  if experiment.checkpoint_every > 0 and not experiment.save_checkpoints:
-    raise ConfigError(f"--checkpoint_every={experiment.checkpoint_every} asks for "
-                      "checkpoints and --nosave_checkpoints turns them off; drop one.")
-  if experiment.run_mode == "anakin" and not experiment.checkpoint_replay:
-    raise ConfigError("--nocheckpoint_replay: in anakin mode the replay is part of the "
-                      "compiled state and is always saved; drop the flag.")

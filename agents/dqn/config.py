@@ -112,13 +112,26 @@ class DQNConfig:
     return max(1, round(self.samples_per_learner_step / self.samples_per_insert))
 
 
-def field_docs() -> dict:
-  """One-line reasons per field, read from the `Attributes:` docstring."""
-  docs, lines = {}, (DQNConfig.__doc__ or "").splitlines()
-  for line in lines:
-    name, sep, text = line.strip().partition(": ")
-    if sep and name in {f.name for f in dataclasses.fields(DQNConfig)}:
-      docs[name] = text
+def field_docs(config_class=None) -> dict:
+  """Each field's reason, read from a config dataclass's `Attributes:` docstring.
+
+  A field's text runs on over the lines indented below its name. The flags
+  of `launch/` take their help from here.
+  """
+  config_class = config_class or DQNConfig
+  names = {f.name for f in dataclasses.fields(config_class)}
+  docs, current, indent = {}, None, None
+  for line in (config_class.__doc__ or "").splitlines():
+    text = line.strip()
+    depth = len(line) - len(line.lstrip())
+    name, sep, first = text.partition(": ")
+    if sep and name in names and (indent is None or depth <= indent):
+      current, indent = name, depth
+      docs[name] = first
+    elif current is not None and text and depth > indent:
+      docs[current] += " " + text
+    else:
+      current = None
   return docs
 
 
@@ -127,7 +140,7 @@ class ConfigError(ValueError):
 
 
 def _fail(field: str, value, why: str) -> None:
-  raise ConfigError(f"--{field}={value!r}: {why}")
+  raise ConfigError(f"`{field}`={value!r}: {why}")
 
 
 def _check(c: DQNConfig) -> None:
@@ -174,8 +187,8 @@ def _check(c: DQNConfig) -> None:
   if not 0.0 < c.target_update_tau <= 1.0:
     _fail("target_update_tau", c.target_update_tau,
           "must lie in (0, 1]: 1 copies the online params every "
-          "--target_update_period steps, a small value (0.005) with "
-          "--target_update_period=1 is Polyak averaging.")
+          "`target_update_period` steps, a small value (0.005) with "
+          "`target_update_period`=1 is Polyak averaging.")
   if not 0.0 <= c.priority_exponent <= 1.0:
     _fail("priority_exponent", c.priority_exponent, "must lie in [0, 1] (0.6 is usual).")
   if c.apex_epsilon_alpha < 0:
@@ -188,19 +201,19 @@ def _check(c: DQNConfig) -> None:
     _fail("hidden_sizes", ",".join(map(str, c.hidden_sizes)),
           "must be a comma-separated list of positive layer sizes, e.g. 256,256.")
   if not c.v_min < c.v_max:
-    _fail("v_min", c.v_min, f"must be below --v_max={c.v_max}: the C51 support "
+    _fail("v_min", c.v_min, f"must be below `v_max`={c.v_max}: the C51 support "
           "runs from v_min up to v_max.")
   if c.distributional and c.num_atoms < 2:
-    _fail("num_atoms", c.num_atoms, "C51 (--distributional) needs at least 2 atoms "
-          "(51 in the paper); use --nodistributional for a plain Q head.")
+    _fail("num_atoms", c.num_atoms, "C51 (`distributional`) needs at least 2 atoms "
+          "(51 in the paper); use `distributional`=False for a plain Q head.")
   if c.min_replay_size > c.replay_capacity:
     _fail("min_replay_size", c.min_replay_size,
-          f"is above --replay_capacity={c.replay_capacity}, so learning would "
-          "never start. Lower --min_replay_size or raise --replay_capacity.")
+          f"is above `replay_capacity`={c.replay_capacity}, so learning would "
+          "never start. Lower `min_replay_size` or raise `replay_capacity`.")
   if c.inserts_per_learner_step > c.replay_capacity:
     _fail("samples_per_insert", c.samples_per_insert,
           f"means {c.inserts_per_learner_step} inserts per learner step, more than "
-          f"--replay_capacity={c.replay_capacity}. Raise --samples_per_insert or the capacity.")
+          f"`replay_capacity`={c.replay_capacity}. Raise `samples_per_insert` or the capacity.")
   if c.batch_size > c.replay_capacity:
     _fail("batch_size", c.batch_size,
-          f"is above --replay_capacity={c.replay_capacity}; raise the capacity.")
+          f"is above `replay_capacity`={c.replay_capacity}; raise the capacity.")

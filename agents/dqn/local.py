@@ -56,13 +56,8 @@ class LocalAgent:
     self.actor.update(wait)
 
   def _learner_calls_due(self) -> int:
-    inserted = self.replay_buffer.num_inserted
-    learnable = inserted - self.config.min_replay_size
-    if learnable < 0:
-      return 0
-    target_calls = int(learnable * self.config.samples_per_insert
-                       // self.config.samples_per_learner_step)
-    return target_calls - (self.learner_calls - self._calls_base)
+    due = self.builder.learner_calls_due(self.replay_buffer.num_inserted)
+    return due - (self.learner_calls - self._calls_base)
 
   @property
   def learner_steps(self) -> int:

@@ -6,6 +6,8 @@ from typing import Any, Mapping, TextIO
 
 from agents.dqn.config import DQNConfig
 
+from acme_jax_dqn import loggers
+
 CLIPPED_MASS_LIMIT = 0.5  # Share of target mass outside the support.
 
 
@@ -31,9 +33,9 @@ class SupportCheck:
     if clipped > CLIPPED_MASS_LIMIT:
       c = self._config
       horizon = 1.0 / (1.0 - c.discount) if c.discount < 1 else float("inf")
-      print(f"warning: {clipped:.0%} of the C51 target mass lies outside "
-            f"--v_min={c.v_min:g} .. --v_max={c.v_max:g} and is cut to its edge atoms (env "
-            f"step {row.get('env_steps')}): the support does not reach the returns. Widen --v_min/--v_max to the range of "
-            f"discounted returns (at most max reward x {horizon:g} with "
-            f"--discount={c.discount:g}).", file=self._stream, flush=True)
+      loggers.warn(f"{clipped:.0%} of the C51 target mass lies outside `v_min`={c.v_min:g} .. "
+                   f"`v_max`={c.v_max:g} and is cut to its edge atoms (env step "
+                   f"{row.get('env_steps')}): the support does not reach the returns. Widen "
+                   "`v_min` and `v_max` to the range of discounted returns (at most max reward "
+                   f"x {horizon:g} with `discount`={c.discount:g}).", self._stream)
       self.warned = True

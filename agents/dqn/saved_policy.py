@@ -26,12 +26,12 @@ def load_policy(checkpoint_dir: str, step=None, seed_index: int = 0, env_name=No
   num_seeds = int(meta.get("num_seeds", 1)) if meta.get("run_mode") == "anakin" else 1
   if meta.get("run_mode") == "anakin":
     if not 0 <= seed_index < num_seeds:
-      raise ConfigError(f"--seed_index={seed_index}: the checkpoint holds {num_seeds} "
+      raise ConfigError(f"`seed_index`={seed_index}: the checkpoint holds {num_seeds} "
                         f"seed(s); pick 0..{num_seeds - 1}.")
     params = jax.tree.map(lambda x: np.asarray(x)[seed_index], params)
   elif seed_index != 0:
-    raise ConfigError(f"--seed_index={seed_index}: the checkpoint of this {meta.get('run_mode')} "
-                      "run holds one seed's parameters; drop --seed_index.")
+    raise ConfigError(f"`seed_index`={seed_index}: the checkpoint of this {meta.get('run_mode')} "
+                      "run holds one seed's parameters; drop `seed_index`.")
   config = DQNConfig(**{**meta["config"], "eval_epsilon": eval_epsilon})
   env_name = env_name or meta["experiment"]["env"]
   try:

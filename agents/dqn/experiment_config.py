@@ -1,0 +1,147 @@
+"""ExperimentConfig: what to run and where to write it (each field is also the flag `--<name>`)."""
+
+import dataclasses
+from typing import Tuple
+
+from acme_jax_dqn import loggers
+from agents.dqn.config import ConfigError
+
+RUN_MODES = ("local", "anakin", "distributed")
+# JAX's PRNG implementations (`jax_default_prng_impl`); threefry2x32 is JAX's default.
+PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+WANDB_MODES = ("offline", "online", "disabled")
+# Fields that take one of a few values (their flags are enums).
+CHOICES = {"run_mode": RUN_MODES, "prng_impl": PRNG_IMPLS}
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+  """What to run and where to write it.
+
+  Attributes:
+    env: environment PREFIX:ID, e.g. gymnasium:CartPole-v1 (docs/environments.md
+      lists the prefixes).
+    run_mode: "local" (a Python loop over any dm_env environment), "anakin" (the
+      whole run compiled on a JAX environment) or "distributed" (replay, learner and
+      `num_actors` actors on Ray).
+    seed: seeds parameters, exploration, replay sampling and environments.
+    total_steps: environment steps to train for (all env copies counted).
+    logdir: where train.csv, eval.csv and summary.json go.
+    eval_episodes: greedy episodes at each evaluation and at the end.
+    eval_every: env steps between evaluations (0: only at the end).
+    log_every: env steps between progress lines and train.csv rows.
+    quiet: no progress lines on the terminal.
+    num_seeds: seeds trained at once in one compiled program (anakin mode):
+      seed, seed + 1, ..., seed + num_seeds - 1.
+    compilation_cache_dir: JAX's persistent compilation cache ("" is off):
+      reruns of the same program load it instead of compiling.
+    one_cpu_core: run XLA's CPU client on one core (faster compiled loops,
+      slower cold compiles; on 2 cores the compiled anakin loop ran 1.1-1.5x
+      faster, a cold compile 1.6x slower).
+    cpu_devices: anakin mode on the CPU: XLA CPU devices the seeds split over,
+      each block of seeds its own program on its own thread (0: one per seed,
+      up to 64, with an MLP torso; one with a conv torso, whose ops use every
+      core already, or with `one_cpu_core`). Seeds split evenly: over the most
+      devices that divide `num_seeds`. No effect on GPUs or TPUs.
+    prng_impl: JAX's PRNG for every key of the run: "threefry2x32" (JAX's
+      default), "rbg" or "unsafe_rbg" (XLA's RngBitGenerator: less to compile;
+      "unsafe_rbg" also splits keys without threefry). Other random streams, so
+      other runs; a checkpoint resumes only with the implementation that made it.
+    save_checkpoints: save orbax checkpoints (at the end, every
+      `checkpoint_every` env steps, and on SIGTERM / Ctrl-C).
+    checkpoint_dir: where checkpoints go ("" is `<logdir>/checkpoints`).
+    checkpoint_every: env steps between checkpoints (0: at the end and on
+      SIGTERM / Ctrl-C only).
+    keep_checkpoints: newest checkpoints kept (0 keeps all).
+    checkpoint_replay: save the replay buffer too (what makes resume exact;
+      without it a resumed run refills replay first).
+    resume: continue from the newest checkpoint in `checkpoint_dir` toward
+      the same `total_steps` (the budget is the whole run's).
+    skip_nonfinite_updates: on a non-finite loss or gradient, skip the
+      update and go on (counted in train.csv) instead of stopping the run.
+    num_actors: distributed mode: actor nodes, each with its own epsilon.
+    ray_address: distributed mode: HOST:PORT of a Ray cluster to join ("" starts
+      Ray on this machine, or joins $RAY_ADDRESS when set).
+    max_learner_steps: distributed mode: also stop at this many learner steps
+      (0: no limit).
+    actor_resource: distributed mode: a Ray custom resource the actor nodes
+      require, to place them on the cluster nodes that offer it ("" places them
+      anywhere).
+    actor_insert_batch: distributed mode: transitions an actor sends to replay
+      per call.
+    loggers: where train and eval rows go: any of "terminal", "csv" (train.csv,
+      eval.csv), "tensorboard" (event files in `logdir`) and "wandb" (an extra
+      install).
+    wandb_project: the W&B project of `loggers` with "wandb".
+    wandb_mode: "offline" (files under `logdir`, no network; `wandb sync` later),
+      "online" or "disabled".
+  """
+  env: str = "gymnasium:CartPole-v1"
+  run_mode: str = "local"
+  seed: int = 0
+  total_steps: int = 50_000
+  logdir: str = "runs/cartpole_dqn"
+  eval_episodes: int = 10
+  eval_every: int = 0
+  log_every: int = 5_000
+  quiet: bool = False
+  num_seeds: int = 1
+  compilation_cache_dir: str = "~/.cache/acme_jax_dqn/xla"
+  one_cpu_core: bool = False
+  cpu_devices: int = 0
+  prng_impl: str = "threefry2x32"
+  save_checkpoints: bool = True
+  checkpoint_dir: str = ""
+  checkpoint_every: int = 0
+  keep_checkpoints: int = 3
+  checkpoint_replay: bool = True
+  resume: bool = False
+  skip_nonfinite_updates: bool = False
+  num_actors: int = 2
+  ray_address: str = ""
+  max_learner_steps: int = 0
+  actor_resource: str = ""
+  actor_insert_batch: int = 64
+  loggers: Tuple[str, ...] = ("terminal", "csv", "tensorboard")
+  wandb_project: str = "acme-jax-dqn"
+  wandb_mode: str = "offline"
+
+  def __post_init__(self):
+    object.__setattr__(self, "loggers", tuple(self.loggers))
+    try:
+      loggers.check_logger_names(self.loggers)
+    except ValueError as error:
+      raise ConfigError(str(error)) from None
+    _check(self)
+
+
+def _fail(field: str, value, why: str) -> None:
+  raise ConfigError(f"`{field}`={value!r}: {why}")
+
+
+def _check(e: ExperimentConfig) -> None:
+  """Single-field ranges, then fields that must agree (ConfigError naming the field)."""
+  for name, choices in {**CHOICES, "wandb_mode": WANDB_MODES}.items():
+    if getattr(e, name) not in choices:
+      _fail(name, getattr(e, name), f"must be one of {choices}.")
+  for name in ("total_steps", "eval_episodes", "log_every", "num_seeds", "num_actors",
+               "actor_insert_batch"):
+    if getattr(e, name) < 1:
+      _fail(name, getattr(e, name), "must be at least 1.")
+  zero_means = {"eval_every": " (only at the end)", "seed": "",
+                "cpu_devices": " (the default split)", "max_learner_steps": " (no limit)",
+                "keep_checkpoints": " (keep all)",
+                "checkpoint_every": " (at the end and on SIGTERM only)"}
+  for name, meaning in zero_means.items():
+    if getattr(e, name) < 0:
+      _fail(name, getattr(e, name), f"must be 0{meaning} or positive.")
+  if e.num_seeds > 1 and e.run_mode != "anakin":
+    _fail("num_seeds", e.num_seeds, "trains seeds together in one compiled program, which "
+          "needs `run_mode=anakin` (and a gymnax environment); in local mode run one seed "
+          "per process with `seed`.")
+  if e.checkpoint_every > 0 and not e.save_checkpoints:
+    _fail("checkpoint_every", e.checkpoint_every, "asks for checkpoints and "
+          "`save_checkpoints`=False turns them off; drop one.")
+  if e.run_mode == "anakin" and not e.checkpoint_replay:
+    _fail("checkpoint_replay", False, "in anakin mode the replay is part of the compiled "
+          "state and is always saved; drop the setting.")

@@ -1,0 +1,48 @@
+"""Ray for the distributed program: start a private Ray here, or join a cluster's head node."""
+
+import os
+import socket
+
+import jax
+
+from agents.dqn.config import ConfigError
+
+
+def check_address(address: str, timeout_s: float = 3.0) -> None:
+  """A clear error within seconds when HOST:PORT does not answer (ray.init would wait long)."""
+  if address in ("auto", "local") or address.startswith("ray://"):
+    return
+  host, sep, port = address.rpartition(":")
+  if not sep or not port.isdigit():
+    raise ConfigError(f"`ray_address`={address!r}: expected HOST:PORT of a Ray head node "
+                      "(as printed by `ray start --head`), or empty to start Ray here.")
+  try:
+    with socket.create_connection((host, int(port)), timeout=timeout_s):
+      pass
+  except OSError as error:
+    raise ConfigError(
+        f"`ray_address`={address}: no Ray head node answers there ({error}). Start one "
+        "with `ray start --head --port=6379` on that machine, check the address and "
+        "firewall, or drop `ray_address` (and unset RAY_ADDRESS) to run on this "
+        "machine.") from None
+
+
+def start_ray(address: str):
+  try:
+    import ray  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    raise ConfigError("`run_mode`=distributed runs on Ray, which is not installed: "
+                      "pip install -e '.[distributed]' (or pip install 'ray>=2.9').") from None
+  # The nodes' processes make their keys with the run's PRNG (`prng_impl`), which
+  # JAX reads from this variable at import; set always, so that a value the
+  # driver's environment exports cannot reach the nodes instead.
+  runtime_env = {"env_vars": {"JAX_DEFAULT_PRNG_IMPL": jax.config.jax_default_prng_impl}}
+  if address:
+    check_address(address)
+    ray.init(address=address, log_to_driver=False, configure_logging=False,
+             runtime_env=runtime_env)
+    return ray, False
+  os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # A private Ray on this machine.
+  ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+           configure_logging=False, runtime_env=runtime_env)
+  return ray, True

@@ -1,0 +1,220 @@
+"""The one driver loop of every run mode: logs, evaluations, checkpoints, preemption, summary.json.
+
+A run mode supplies a `Source`: what advances training by some env steps
+(a Python loop over environments, one compiled chunk, or one round of
+the Ray program) and what it can report, evaluate and save. `run` drives
+any source the same way:
+
+  resume? -> compile -> [advance -> rows -> evaluate? -> save? -> stop?]* -> final eval
+          -> final checkpoint -> summary.json
+
+The cadences count env steps: a train.csv row every `log_every`, an
+evaluation every `eval_every`, a checkpoint every `checkpoint_every`.
+SIGTERM or Ctrl-C saves at the next boundary and stops (`RunInterrupted`);
+a non-finite update stops the run (`NonFiniteError`) unless
+`skip_nonfinite_updates`.
+"""
+
+import abc
+import dataclasses
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from acme_jax_dqn import loggers
+from agents.dqn import checkpoints
+from agents.dqn import run_checks
+from agents.dqn import summary as summary_lib
+from agents.dqn.config import ConfigError
+
+EvalResult = Tuple[int, int, Any]  # (env steps, learner steps, returns [episodes] or [seeds, episodes]).
+
+
+class Source(abc.ABC):
+  """One run mode's training, advanced by the driver; a mode fills in the abstract hooks.
+
+  Attributes the driver reads: `env_steps` and `learner_steps` (so far),
+  `done` (the budget is spent), `spec` (the environment spec, for
+  summary.json), `seeds` (set when evaluations return one row of returns
+  per seed), `eval_slack` (env steps an evaluation may come early: chunk
+  ends fall near, not on, its multiples) and `row_every_advance` (a
+  train.csv row after every advance, not only every `log_every`).
+  """
+  env_steps = 0
+  learner_steps = 0
+  done = False
+  spec = None
+  seeds: Optional[Sequence[int]] = None
+  eval_slack = 0
+  row_every_advance = False
+
+  @abc.abstractmethod
+  def restore(self, run_checkpoints) -> Tuple[Dict[str, Any], int]:
+    """Loads the newest checkpoint; returns its host state and env steps."""
+
+  def warmup(self) -> None:
+    """Compiles what the first advance needs (so `compile_s` is measured apart)."""
+
+  @abc.abstractmethod
+  def advance(self, target_steps: int, should_stop) -> None:
+    """Trains toward `target_steps` env steps (may stop short, or overshoot by a chunk)."""
+
+  @abc.abstractmethod
+  def train_fields(self) -> Dict[str, Any]:
+    """A train.csv row's fields after env/learner steps, wall time and sps."""
+
+  @abc.abstractmethod
+  def nonfinite(self) -> Tuple[int, int, str]:
+    """(non-finite updates so far, the first one's learner step or -1, "" or "seed S, ")."""
+
+  @abc.abstractmethod
+  def start_eval(self, eval_index: int) -> bool:
+    """Starts evaluation number `eval_index` (False: one is still running)."""
+
+  @abc.abstractmethod
+  def finished_evals(self, wait: bool = False) -> List[EvalResult]:
+    """Evaluations done since the last call (with `wait`, the running one too)."""
+
+  @abc.abstractmethod
+  def checkpoint(self) -> Tuple[int, Dict[str, Any], Dict[str, Any], Dict[str, Any], Any]:
+    """(env steps, arrays, host state, metadata, parameters) of a checkpoint now."""
+
+  def finish(self) -> None:
+    """After the last advance: stop what runs in the background."""
+
+  def close(self) -> None:
+    """Releases what the source holds (also after an error or a stop)."""
+
+  def summary_fields(self, final_eval: Dict[str, Any], wall_s: float,
+                     compile_s: float) -> Dict[str, Any]:
+    """The run mode's own summary.json fields."""
+    return {}
+
+
+def make_run_loggers(experiment, config,
+                     resumed_from: Optional[int] = None) -> loggers.RunLoggers:
+  """The run's train/eval loggers and progress bar; a resumed run drops later rows.
+
+  The caller closes it in a `finally`, so an error or a stop leaves no
+  progress bar drawn and no event file or W&B run open.
+  """
+  try:
+    return loggers.RunLoggers(
+        experiment.logdir, experiment.loggers, experiment.total_steps, quiet=experiment.quiet,
+        resumed_from=resumed_from, wandb_project=experiment.wandb_project,
+        wandb_mode=experiment.wandb_mode,
+        config={**dataclasses.asdict(experiment), **dataclasses.asdict(config)},
+        train_checks=(run_checks.SupportCheck(config),) if config.distributional else ())
+  except ValueError as error:
+    raise ConfigError(str(error)) from None
+
+
+def _first(*steps: Optional[int]) -> int:
+  return min(s for s in steps if s is not None)
+
+
+def run(experiment, config, source: Source, start: float) -> Dict[str, Any]:
+  """Drives `source` to the end of its budget; writes the run's files and returns the summary.
+
+  `start` is when the run began (time.perf_counter()): `compile_s` is all
+  the time before the first advance.
+  """
+  run_checkpoints = checkpoints.RunCheckpoints(experiment, config)
+  eval_rows: List[Dict[str, Any]] = []
+  resumed_from = None
+  if experiment.resume:
+    host, resumed_from = source.restore(run_checkpoints)
+    eval_rows = list(host["eval_rows"])
+  source.warmup()
+  compile_s = time.perf_counter() - start
+  first_step = source.env_steps
+  every = experiment.eval_every
+  next_log = checkpoints.next_multiple(first_step, experiment.log_every)
+  next_eval = checkpoints.next_multiple(first_step + source.eval_slack, every)
+  next_save = checkpoints.next_multiple(first_step, run_checkpoints.every)
+  eval_s = 0.0
+  train_start = time.perf_counter()
+
+  def log_evals(results: List[EvalResult]) -> None:
+    for env_steps, learner_steps, returns in results:
+      row = summary_lib.eval_row(env_steps, learner_steps, time.perf_counter() - start,
+                                 returns, source.seeds)
+      run_log.eval({k: v for k, v in row.items() if k != "eval_return_per_seed"})
+      eval_rows.append(row)
+
+  def evaluate(wait: bool) -> bool:
+    nonlocal eval_s
+    eval_start = time.perf_counter()
+    started = source.start_eval(len(eval_rows))
+    log_evals(source.finished_evals(wait))
+    eval_s += time.perf_counter() - eval_start
+    return started
+
+  def check_finite() -> None:
+    count, first, where = source.nonfinite()
+    run_checkpoints.check_finite(count, first, f" ({where}env step <= {source.env_steps})")
+
+  def save() -> Tuple[int, Optional[str]]:
+    check_finite()  # Never save a non-finite state over the last good checkpoint.
+    env_steps, arrays, host, meta, params = source.checkpoint()
+    path = run_checkpoints.save(env_steps, arrays, {**host, "eval_rows": eval_rows},
+                                {"run_mode": experiment.run_mode,
+                                 "learner_steps": source.learner_steps, **meta}, params=params)
+    return env_steps, path
+
+  # Signals are held from here to the final checkpoint: SIGTERM or Ctrl-C
+  # saves and stops at the next boundary. The loggers close with this
+  # block, also on an error or a stop.
+  try:
+    with checkpoints.Preemption() as preemption, \
+        make_run_loggers(experiment, config, resumed_from) as run_log:
+      while not source.done:
+        source.advance(_first(next_log, next_eval, next_save, experiment.total_steps),
+                       preemption.requested)
+        env_steps = source.env_steps
+        log_evals(source.finished_evals())
+        if source.row_every_advance or env_steps >= next_log or source.done:
+          next_log = checkpoints.next_multiple(env_steps, experiment.log_every)
+          elapsed = time.perf_counter() - train_start - eval_s
+          run_log.train({"env_steps": env_steps, "learner_steps": source.learner_steps,
+                         "wall_s": time.perf_counter() - start,
+                         "sps": (env_steps - first_step) / max(elapsed, 1e-9),
+                         **source.train_fields()})
+          check_finite()
+        else:
+          run_log.progress(env_steps)
+        if source.done:
+          run_checkpoints.maybe_kill(env_steps)  # Tests of a kill before the final save.
+          break
+        if next_eval is not None and env_steps + source.eval_slack >= next_eval:
+          if evaluate(wait=False):
+            next_eval = checkpoints.next_multiple(env_steps + source.eval_slack, every)
+        if run_checkpoints.due(env_steps, next_save):
+          saved_at, _ = save()
+          next_save = checkpoints.next_multiple(saved_at, run_checkpoints.every)
+        if preemption.requested():
+          saved_at, path = save()
+          raise checkpoints.RunInterrupted(preemption.signum, saved_at, path)
+        run_checkpoints.maybe_kill(env_steps)
+      source.finish()
+      log_evals(source.finished_evals(wait=True))
+      check_finite()
+      if not eval_rows or eval_rows[-1]["env_steps"] != source.env_steps:
+        evaluate(wait=True)
+      wall_s = time.perf_counter() - start
+      run_log.close()
+      try:  # The final checkpoint: to resume with a larger budget, or for launch.evaluate.
+        save()
+      except (OSError, ValueError) as error:  # The run is done: keep its summary anyway.
+        loggers.warn(f"the final checkpoint could not be saved ({error}).")
+  finally:
+    run_checkpoints.close()
+
+  final = eval_rows[-1]
+  summary = summary_lib.base_summary(
+      experiment, config, env_steps=source.env_steps, learner_steps=source.learner_steps,
+      wall_s=wall_s, compile_s=compile_s, eval_s=eval_s, final_eval=final, spec=source.spec,
+      steps_this_start=source.env_steps - first_step)
+  summary.update(source.summary_fields(final, wall_s, compile_s),
+                 **summary_lib.checkpoint_summary(run_checkpoints, resumed_from))
+  summary_lib.write_summary(experiment.logdir, summary)
+  return summary

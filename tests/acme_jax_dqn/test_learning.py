@@ -1,0 +1,268 @@
+"""Learning: exact hard and Polyak target updates, the packed state, the Learner shell."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from acme_jax_dqn import learning, replay as replay_lib, utils
+from acme_jax_dqn.types import Transition
+from agents.dqn import DQNBuilder, DQNConfig
+from acme_jax_dqn import specs
+from tests.fakes import FakeEnvironment
+
+
+def _tree(value):
+  return {"a": jnp.full((2, 3), value), "b": {"c": jnp.full((4,), value)}}
+
+
+def test_hard_target_update_copies_exactly_every_period():
+  online, target = _tree(1.2345678), _tree(-7.0)
+  for steps in range(1, 7):
+    new = learning.update_target(online, target, jnp.int32(steps), period=3, tau=1.0)
+    expected = online if steps % 3 == 0 else target
+    jax.tree.map(lambda x, y: np.testing.assert_array_equal(x, y), new, expected)
+
+
+def test_polyak_target_update_is_exact_average():
+  online, target = _tree(2.0), _tree(10.0)
+  new = learning.update_target(online, target, jnp.int32(1), period=1, tau=0.25)
+  # 0.25 * 2 + 0.75 * 10 = 8.
+  jax.tree.map(lambda x: np.testing.assert_allclose(x, 8.0, rtol=1e-7), new)
+
+
+def test_tree_packer_round_trips_mixed_dtypes_exactly():
+  tree = {"f": jnp.arange(6.0).reshape(2, 3) / 7, "i": jnp.int32(5),
+          "k": jax.random.PRNGKey(3), "g": jnp.ones((1,), jnp.float32)}
+  packer = utils.TreePacker(tree)
+  packed = packer.pack(tree)
+  assert len(packed) == 3  # float32, int32, uint32.
+  back = jax.jit(packer.unpack)(jax.jit(packer.pack)(tree))
+  jax.tree.map(lambda x, y: (np.testing.assert_array_equal(x, y),
+                             np.testing.assert_equal(x.dtype, y.dtype)), back, tree)
+
+
+def _setup(**config_kwargs):
+  config = DQNConfig(hidden_sizes=(16,), batch_size=8, replay_capacity=64,
+                     min_replay_size=8, samples_per_insert=8.0, **config_kwargs)
+  builder = DQNBuilder(config)
+  spec = specs.make_environment_spec(FakeEnvironment(obs_dim=3))
+  networks = builder.make_networks(spec)
+  return config, builder, spec, networks
+
+
+def test_sgd_step_target_starts_as_copy_and_updates_on_period():
+  config, builder, _, networks = _setup(target_update_period=2)
+  optimizer = builder.make_optimizer()
+  state = learning.init_training_state(networks, optimizer, jax.random.PRNGKey(0))
+  jax.tree.map(np.testing.assert_array_equal, state.online_params, state.target_params)
+  rng = np.random.default_rng(0)
+  batch = replay_lib.ReplaySample(
+      Transition(rng.normal(size=(8, 3)).astype(np.float32), np.zeros(8, np.int32),
+                 np.ones(8, np.float32), np.full(8, 0.9, np.float32),
+                 rng.normal(size=(8, 3)).astype(np.float32)),
+      jnp.zeros(8, jnp.int32), jnp.ones(8), jnp.ones(8))
+  sgd_step = jax.jit(builder.make_sgd_step(networks, optimizer))
+  state1, metrics = sgd_step(state, batch)
+  assert int(state1.steps) == 1
+  jax.tree.map(np.testing.assert_array_equal, state1.target_params, state.online_params)
+  assert not np.allclose(state1.online_params["mlp_torso/mlp/~/linear_0"]["w"],
+                         state.online_params["mlp_torso/mlp/~/linear_0"]["w"])
+  state2, _ = sgd_step(state1, batch)
+  jax.tree.map(np.testing.assert_array_equal, state2.target_params, state2.online_params)
+  assert metrics["priorities"].shape == (8,) and np.isfinite(float(metrics["loss"]))
+
+
+def test_learner_reduces_loss_on_fixed_data_and_serves_variables():
+  config, builder, spec, networks = _setup(target_update_period=1000)
+  buffer = builder.make_replay_buffer(spec)
+  rng = np.random.default_rng(1)
+  observation = rng.normal(size=(64, 3)).astype(np.float32)
+  action = rng.integers(0, 3, 64).astype(np.int32)
+  reward = (observation[:, 0] * (action - 1)).astype(np.float32)  # Learnable; discount 0.
+  data = Transition(observation, action, reward, np.zeros(64, np.float32),
+                    rng.normal(size=(64, 3)).astype(np.float32))
+  buffer.insert(data)
+  learner = builder.make_learner(networks, buffer, jax.random.PRNGKey(0))
+  learner.step()
+  first = learner.metrics()["loss"]
+  for _ in range(300):
+    learner.step()
+  assert learner.metrics()["loss"] < 0.5 * first
+  assert int(learner.state.steps) == 301
+  params = learner.get_variables(["policy"])[0]
+  jax.tree.map(np.testing.assert_array_equal, params, learner.save().online_params)
+  assert buffer.num_written == 64
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine"])
+def test_learning_rate_schedules_reach_their_end_value(schedule):
+  lr = learning.make_learning_rate(1e-3, schedule, decay_steps=10, end_value=1e-4)
+  assert float(lr(0)) == pytest.approx(1e-3)
+  assert float(lr(10)) == pytest.approx(1e-4)
+  assert learning.make_learning_rate(1e-3, "constant", 10) == 1e-3
+
+
+def test_gradient_accumulation_applies_every_k_steps():
+  _, builder, _, networks = _setup(gradient_accumulation_steps=2)
+  optimizer = builder.make_optimizer()
+  assert isinstance(optimizer, optax.MultiSteps)
+  params = networks.init(jax.random.PRNGKey(0))
+  opt_state = optimizer.init(params)
+  grads = jax.tree.map(jnp.ones_like, params)
+  updates, opt_state = optimizer.update(grads, opt_state, params)
+  assert all(float(jnp.abs(u).max()) == 0.0 for u in jax.tree.leaves(updates))
+  updates, opt_state = optimizer.update(grads, opt_state, params)
+  assert any(float(jnp.abs(u).max()) > 0.0 for u in jax.tree.leaves(updates))
+
+
+def _fixed_batch(seed=0):
+  rng = np.random.default_rng(seed)
+  return replay_lib.ReplaySample(
+      Transition(rng.normal(size=(8, 3)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32),
+                 np.ones(8, np.float32), np.full(8, 0.9, np.float32),
+                 rng.normal(size=(8, 3)).astype(np.float32)),
+      jnp.zeros(8, jnp.int32), jnp.ones(8), jnp.ones(8))
+
+
+def _assert_trees_equal(x, y):
+  jax.tree.map(np.testing.assert_array_equal, x, y)
+
+
+def test_hard_target_counts_applied_updates_under_gradient_accumulation():
+  """k = 2, period 2: the copy fires after 2 applied updates (4 SGD steps), not 2 SGD steps."""
+  _, builder, _, networks = _setup(gradient_accumulation_steps=2, target_update_period=2)
+  optimizer = builder.make_optimizer()
+  state0 = learning.init_training_state(networks, optimizer, jax.random.PRNGKey(0))
+  sgd_step = jax.jit(builder.make_sgd_step(networks, optimizer))
+  states = [state0]
+  for i in range(4):
+    states.append(sgd_step(states[-1], _fixed_batch(i))[0])
+  assert [int(learning.applied_updates(s)) for s in states] == [0, 0, 1, 1, 2]
+  assert [int(s.steps) for s in states] == [0, 1, 2, 3, 4]
+  _assert_trees_equal(states[1].online_params, state0.online_params)  # Accumulating only.
+  for s in states[1:4]:  # The 2nd SGD step is the first applied update: no copy yet.
+    _assert_trees_equal(s.target_params, state0.target_params)
+  _assert_trees_equal(states[4].target_params, states[4].online_params)
+  assert not np.allclose(states[4].online_params["mlp_torso/mlp/~/linear_0"]["w"],
+                         state0.online_params["mlp_torso/mlp/~/linear_0"]["w"])
+
+
+def test_polyak_target_moves_only_when_accumulated_updates_apply():
+  """k = 2, tau 0.5: the target moves on SGD steps 2 and 4, toward the params just applied."""
+  _, builder, _, networks = _setup(gradient_accumulation_steps=2, target_update_period=1,
+                                   target_update_tau=0.5)
+  optimizer = builder.make_optimizer()
+  state = learning.init_training_state(networks, optimizer, jax.random.PRNGKey(0))
+  sgd_step = jax.jit(builder.make_sgd_step(networks, optimizer))
+  expected_target = state.target_params
+  for i in range(4):
+    state = sgd_step(state, _fixed_batch(i))[0]
+    if i % 2 == 1:  # optax.incremental_update is the reference for the Polyak step.
+      expected_target = optax.incremental_update(state.online_params, expected_target, 0.5)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7),
+                 state.target_params, expected_target)
+
+
+def test_hard_target_update_matches_rlax_periodic_update():
+  import rlax  # pylint: disable=import-outside-toplevel
+  online, target = _tree(3.0), _tree(-1.0)
+  for steps in range(0, 9):
+    ours = learning.update_target(online, target, jnp.int32(steps), period=4, tau=1.0)
+    reference = rlax.periodic_update(online, target, jnp.int32(steps), 4)
+    _assert_trees_equal(ours, reference)
+
+
+def test_importance_sampling_exponent_follows_applied_updates():
+  """The PER beta schedule reads applied updates (k = 2), so it anneals over updates."""
+  seen = []
+
+  def beta(updates):
+    seen.append(updates)
+    return 0.4
+
+  _, builder, spec, networks = _setup(gradient_accumulation_steps=2, prioritized=True)
+  replay = builder.make_replay()
+  optimizer = builder.make_optimizer()
+  learner_step = learning.make_learner_step(builder.make_sgd_step(networks, optimizer), replay,
+                                            num_sgd_steps=1, importance_sampling_exponent=beta)
+  state = learning.init_training_state(networks, optimizer, jax.random.PRNGKey(0))
+  buffer_state = replay.add(replay.init(builder.example_transition(spec)),
+                            _fixed_batch().transitions)
+  calls = []
+  for _ in range(3):
+    calls.append(int(learning.applied_updates(state)))
+    state, buffer_state, _ = learner_step(state, buffer_state)
+  assert calls == [0, 0, 1] and int(state.steps) == 3
+  assert [int(v) for v in seen] == calls  # Eager calls: one trace per step.
+
+
+def _builder_pieces(config):
+  spec = specs.make_environment_spec(FakeEnvironment(obs_dim=3, num_actions=2))
+  builder = DQNBuilder(config)
+  networks = builder.make_networks(spec)
+  replay = builder.make_replay()
+  sgd_step = jax.jit(builder.make_sgd_step(networks))
+  from acme_jax_dqn import learning  # pylint: disable=import-outside-toplevel
+  state = learning.init_training_state(networks, builder.make_optimizer(),
+                                       jax.random.PRNGKey(0))
+  return spec, replay, sgd_step, state
+
+
+def _batch(reward_value, batch_size=4):
+  rng = np.random.default_rng(0)
+  transitions = Transition(
+      observation=rng.normal(size=(batch_size, 3)).astype(np.float32),
+      action=np.arange(batch_size, dtype=np.int32) % 2,
+      reward=np.full(batch_size, 1.0, np.float32),
+      discount=np.full(batch_size, 0.99, np.float32),
+      next_observation=rng.normal(size=(batch_size, 3)).astype(np.float32))
+  transitions = transitions._replace(reward=transitions.reward.copy())
+  transitions.reward[1] = reward_value
+  ones = np.ones(batch_size, np.float32)
+  return replay_lib.ReplaySample(transitions, np.arange(batch_size, dtype=np.int32), ones, ones)
+
+
+def test_nonfinite_update_is_not_applied_but_counted():
+  config = DQNConfig(hidden_sizes=(8,), batch_size=4, target_update_period=1,
+                     target_update_tau=0.5)
+  _, _, sgd_step, state = _builder_pieces(config)
+  bad_state, metrics = sgd_step(state, _batch(np.nan))
+  assert not np.isfinite(float(metrics["loss"]))
+  for new, old in zip(jax.tree.leaves((bad_state.online_params, bad_state.target_params,
+                                       bad_state.opt_state)),
+                      jax.tree.leaves((state.online_params, state.target_params,
+                                       state.opt_state))):
+    np.testing.assert_array_equal(new, old)
+  assert int(bad_state.steps) == 1
+  assert int(bad_state.nonfinite_updates) == 1 and int(bad_state.first_nonfinite_step) == 1
+  good_state, metrics = sgd_step(bad_state, _batch(1.0))
+  assert np.isfinite(float(metrics["loss"]))
+  changed = jax.tree.map(lambda a, b: bool(np.any(np.asarray(a) != np.asarray(b))),
+                         good_state.online_params, state.online_params)
+  assert any(jax.tree.leaves(changed))
+  assert int(good_state.nonfinite_updates) == 1 and int(good_state.first_nonfinite_step) == 1
+  inf_state, _ = sgd_step(good_state, _batch(np.inf))
+  assert int(inf_state.nonfinite_updates) == 2 and int(inf_state.first_nonfinite_step) == 1
+
+
+def test_nonfinite_items_get_priority_zero_in_prioritized_replay():
+  config = DQNConfig(hidden_sizes=(8,), batch_size=4, prioritized=True, replay_capacity=4,
+                     min_replay_size=4)
+  spec, replay, _, state = _builder_pieces(config)
+  builder = DQNBuilder(config)
+  learner_step = jax.jit(builder.make_learner_step(builder.make_networks(spec), replay))
+  batch = _batch(np.nan).transitions
+  buffer = replay.add(replay.init(jax.tree.map(lambda x: x[0], batch)), batch)
+  from flashbax.buffers import sum_tree  # pylint: disable=import-outside-toplevel
+  for _ in range(30):  # Until the NaN item (index 1) has been drawn once.
+    state, buffer, _ = learner_step(state, buffer)
+    if int(state.nonfinite_updates):
+      break
+  assert int(state.nonfinite_updates) == 1
+  priorities = np.asarray(sum_tree.get(buffer.sum_tree_state, jnp.arange(4)))
+  assert priorities[1] == 0.0 and np.all(priorities[[0, 2, 3]] > 0)
+  for _ in range(30):  # Priority 0: never drawn again, so no more skipped updates.
+    state, buffer, _ = learner_step(state, buffer)
+  assert int(state.nonfinite_updates) == 1

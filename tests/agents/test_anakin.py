@@ -1,0 +1,453 @@
+"""Anakin mode: n-step targets equal the local adder's, the learner step is the local learner's,
+runs are deterministic per seed and differ across seeds, a short run learns, bad input is named."""
+
+import json
+import os
+import subprocess
+import sys
+
+import dm_env
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from acme_jax_dqn import anakin
+from acme_jax_dqn import checkpointing
+from acme_jax_dqn import envs
+from acme_jax_dqn import specs
+from acme_jax_dqn.adders import NStepTransitionAdder
+from acme_jax_dqn.types import Transition
+from agents.dqn.builder import DQNBuilder
+from agents.dqn.config import ConfigError, DQNConfig
+from agents.dqn.experiment import ExperimentConfig, run_experiment
+from tests.fakes import ROOT
+
+GAMMA = 0.9
+
+
+def _random_streams(rng, num_envs, steps):
+  """Per env and step: obs, action, reward, terminated, truncated, next obs (gymnax style)."""
+  obs = rng.normal(size=(steps + 1, num_envs)).astype(np.float32)
+  final = rng.normal(size=(steps, num_envs)).astype(np.float32)  # Last obs at an episode end.
+  terminated = rng.random((steps, num_envs)) < 0.12
+  truncated = ~terminated & (rng.random((steps, num_envs)) < 0.08)
+  end = terminated | truncated
+  next_obs = np.where(end, final, obs[1:])
+  return (obs[:-1], rng.integers(0, 3, (steps, num_envs)), rng.normal(size=(steps, num_envs)),
+          terminated, truncated, next_obs)
+
+
+def _local_transitions(stream, env, n_step):
+  """The local adder fed the dm_env view of one env's stream (LAST, then a FIRST restart)."""
+  obs, action, reward, terminated, truncated, next_obs = stream
+  out = {}
+
+  def sink(t: Transition):
+    for i in range(len(t.action)):
+      out[float(t.observation[i, 0])] = tuple(float(np.ravel(x[i])[0]) for x in t)
+
+  adder = NStepTransitionAdder(sink, n_step, GAMMA, num_envs=1)
+  ts = lambda step_type, r, d, o: dm_env.TimeStep(
+      np.array([step_type]), np.array([r], np.float32), np.array([d], np.float32),
+      np.array([[o]], np.float32))
+  adder.add_first(ts(dm_env.StepType.FIRST, 0.0, 1.0, obs[0, env]))
+  for t in range(len(action)):
+    ended = terminated[t, env] or truncated[t, env]
+    step_type = dm_env.StepType.LAST if ended else dm_env.StepType.MID
+    adder.add(np.array([action[t, env]]),
+              ts(step_type, reward[t, env], 0.0 if terminated[t, env] else 1.0, next_obs[t, env]))
+    if ended and t + 1 < len(action):
+      adder.add(np.array([0]), ts(dm_env.StepType.FIRST, 0.0, 1.0, obs[t + 1, env]))
+  return out
+
+
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_nstep_window_writes_what_the_local_adder_writes(n_step):
+  rng = np.random.default_rng(n_step)
+  num_envs, steps = 4, 60
+  stream = _random_streams(rng, num_envs, steps)
+  obs, action, reward, terminated, truncated, next_obs = stream
+  emit = jax.jit(anakin.nstep_transition, static_argnums=1)
+  window = None
+  compared = 0
+  for t in range(steps):
+    entry = anakin.NStepWindow(obs[t][:, None], action[t], reward[t].astype(np.float32),
+                               1.0 - terminated[t].astype(np.float32),
+                               terminated[t] | truncated[t], next_obs[t][:, None])
+    window = (jax.tree.map(lambda x: np.repeat(x[None] * 0, n_step, 0), entry)
+              if window is None else window)
+    window = jax.tree.map(lambda w, x: np.concatenate([w[1:], x[None]]), window, entry)
+    if t < n_step - 1:
+      continue  # The window is not full yet: its oldest entries are not real steps.
+    got = jax.tree.map(np.asarray, emit(window, GAMMA))
+    for env in range(num_envs):
+      expected = _local_transitions(stream, env, n_step)[float(got.observation[env, 0])]
+      actual = tuple(float(np.ravel(x[env])[0]) for x in got)
+      np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+      compared += 1
+  assert compared == num_envs * (steps - n_step + 1)
+  assert terminated.any() and truncated.any()
+
+
+def _tiny_config(**overrides):
+  values = dict(hidden_sizes=(64, 64), batch_size=64, min_replay_size=500,
+                replay_capacity=10_000, samples_per_insert=16.0, num_envs=4,
+                learning_rate=1e-3, target_update_period=1, target_update_tau=0.01,
+                epsilon_decay_steps=2000, epsilon_end=0.02)
+  values.update(overrides)
+  return DQNConfig(**values)
+
+
+@pytest.mark.parametrize("overrides", [
+    {},
+    dict(double_q=True, dueling=True, distributional=True, num_atoms=11, v_min=0.0,
+         v_max=50.0, n_step=3, prioritized=True, importance_sampling_anneal_steps=100),
+])
+def test_anakin_learn_step_equals_the_local_learner_step(overrides):
+  """The anakin trainer's learn step and the local Learner run the same function on the same data."""
+  config = _tiny_config(**overrides)
+  env = envs.make_jax_environment("gymnax:CartPole-v1")
+  builder = DQNBuilder(config)
+  networks = builder.make_networks(env.spec)
+  trainer = builder.make_anakin(env, networks, eval_episodes=2)
+  state = jax.jit(trainer.init)(jax.random.PRNGKey(0))
+  # Fill the replay with real transitions (400; learning would start at 500).
+  state, _ = jax.jit(trainer.train_chunk, static_argnums=2)(state, 0, 100)
+  assert int(state.learner.steps) == 0
+
+  replay_buffer = builder.make_replay_buffer(env.spec)
+  learner = builder.make_learner(networks, replay_buffer, jax.random.PRNGKey(1))
+  learner.restore(state.learner)
+  replay_buffer.state = jax.tree.map(jnp.copy, state.buffer)
+  learner.step()
+
+  new_state, metrics = jax.jit(trainer.learn)(state)
+  np.testing.assert_allclose(learner.metrics()["loss"], metrics["loss"], rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+               learner.state.online_params, new_state.learner.online_params)
+  assert int(new_state.learner.steps) == int(learner.state.steps) == int(state.learner.steps) + 1
+  moved = jax.tree.leaves(jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))),
+                                       new_state.learner.online_params,
+                                       state.learner.online_params))
+  assert max(moved) > 0  # The step changed the parameters.
+
+
+def _run_anakin(tmp_path, name, seed=0, num_seeds=2, total_steps=8000, **overrides):
+  experiment = ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin", seed=seed,
+                                total_steps=total_steps, logdir=str(tmp_path / name),
+                                eval_episodes=5, log_every=2000, quiet=True,
+                                num_seeds=num_seeds)
+  summary = run_experiment(experiment, _tiny_config(**overrides))
+  with open(tmp_path / name / "train.csv") as f:
+    train = f.read()
+  return summary, train
+
+
+def test_anakin_runs_are_deterministic_differ_across_seeds_and_learn(tmp_path):
+  first, first_csv = _run_anakin(tmp_path, "a")
+  second, second_csv = _run_anakin(tmp_path, "b")
+  # Same seed: identical metrics (wall-clock columns aside) and returns.
+  strip = lambda csv: [row.split(",")[:2] + row.split(",")[4:] for row in csv.splitlines()]
+  header = first_csv.splitlines()[0].split(",")
+  assert header[2:4] == ["wall_s", "sps"]
+  assert strip(first_csv) == strip(second_csv)
+  assert first["eval_return_per_seed"] == second["eval_return_per_seed"]
+  # Different seeds within one program learn different things.
+  per_seed = first["eval_return_per_seed"]
+  assert len(per_seed) == 2 and per_seed[0] != per_seed[1]
+  # A random policy lasts ~22 steps on CartPole; after 8,000 steps both seeds do clearly better.
+  assert min(per_seed) > 50, per_seed
+  assert first["env_steps"] <= 8000 and first["learner_steps"] > 0
+  assert first["samples_per_insert_effective"] == pytest.approx(16.0, rel=0.05)
+  with open(tmp_path / "a" / "summary.json") as f:
+    on_disk = json.load(f)
+  for field in ("env", "run_mode", "seed", "env_steps", "learner_steps", "wall_s", "compile_s",
+                "sps", "sps_after_compile", "eval_return_mean", "eval_return_std",
+                "eval_episodes", "config", "eval_return_per_seed"):
+    assert field in on_disk
+  assert on_disk["run_mode"] == "anakin"
+
+
+def test_prng_impl_draws_other_streams_restores_jax_default_and_guards_resume(tmp_path):
+  runs = {}
+  for impl in ("unsafe_rbg", "threefry2x32"):
+    experiment = ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin", total_steps=2000,
+                                  logdir=str(tmp_path / impl), eval_episodes=2, log_every=1000,
+                                  quiet=True, prng_impl=impl)
+    runs[impl] = run_experiment(experiment, _tiny_config(num_envs=2, min_replay_size=200))
+    # The run's PRNG applies within it; JAX's default is back afterwards.
+    assert jax.config.jax_default_prng_impl == "threefry2x32"
+    assert jax.random.PRNGKey(0).shape == (2,)
+  assert runs["unsafe_rbg"]["prng_impl"] == "unsafe_rbg"
+  # Other keys, other episodes: the two runs' learner losses differ.
+  losses = {}
+  for impl in runs:
+    with open(tmp_path / impl / "train.csv") as f:
+      header, *rows = [line.split(",") for line in f.read().splitlines()]
+    losses[impl] = [row[header.index("loss")] for row in rows]
+  assert losses["unsafe_rbg"] != losses["threefry2x32"]
+  # A resume with another PRNG is refused before compiling, naming the fix.
+  with pytest.raises(checkpointing.CheckpointError,
+                     match=r"`prng_impl`=threefry2x32 \(checkpoint: unsafe_rbg\)"):
+    run_experiment(ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin",
+                                    total_steps=2000, logdir=str(tmp_path / "unsafe_rbg"),
+                                    quiet=True, eval_episodes=2, log_every=1000, resume=True),
+                   _tiny_config(num_envs=2, min_replay_size=200))
+  with pytest.raises(ValueError, match="`prng_impl`='philox'"):
+    ExperimentConfig(prng_impl="philox")
+
+
+def test_evaluations_land_on_the_chunk_end_nearest_each_multiple_of_eval_every(tmp_path):
+  # Iterations of 4 env steps after a 2-step n-step fill: chunks end at 250,
+  # 498, 746 and 994, so three of them fall just short of a multiple of 250.
+  experiment = ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin", total_steps=1000,
+                                logdir=str(tmp_path), eval_every=250, eval_episodes=2,
+                                quiet=True, num_seeds=1, save_checkpoints=False)
+  config = _tiny_config(num_envs=1, batch_size=16, samples_per_insert=4.0, n_step=3,
+                        min_replay_size=100)
+  run_experiment(experiment, config)
+  with open(tmp_path / "eval.csv") as f:
+    steps = [int(line.split(",")[0]) for line in f.read().splitlines()[1:]]
+  assert steps == [250, 498, 746, 994]
+
+
+def _cli(*args):
+  return subprocess.run([sys.executable, "-m", "launch.run_dqn", "--quiet", *args],
+                        cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--run_mode=anakin", "--env=gymnasium:CartPole-v1"], "gymnax:CartPole-v1"),
+    (["--run_mode=anakin", "--env=gymnax:CartPole-v1", "--num_envs=0"], "--num_envs"),
+    (["--run_mode=anakin", "--env=gymnax:CartPole-v1", "--num_seeds=0"], "--num_seeds"),
+    (["--run_mode=local", "--num_seeds=3"], "--run_mode=anakin"),
+    (["--run_mode=anakin", "--env=gymnax:Pendulum-v1"], "not discrete"),
+    (["--run_mode=anakin", "--env=gymnax:CartPole"], "CartPole-v1"),
+])
+def test_bad_anakin_input_is_named(args, expected, tmp_path):
+  result = _cli(*args, f"--logdir={tmp_path}")
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert "error:" in result.stderr and expected in result.stderr, result.stderr[-2000:]
+  assert "Traceback" not in result.stderr
+
+
+def test_minatar_gets_the_small_conv_torso_and_the_gymnax_spec():
+  env = envs.make_jax_environment("gymnax:Breakout-MinAtar")
+  assert env.spec.observations.shape == (10, 10, 4) and env.spec.actions.num_values == 3
+  networks = DQNBuilder(_tiny_config()).make_networks(env.spec)
+  params = networks.init(jax.random.PRNGKey(0))
+  assert any("minatar_conv_torso" in name for name in params)
+  q = networks.apply(params, jnp.zeros((2, 10, 10, 4))).q_values
+  assert q.shape == (2, 3)
+
+
+def test_gymnax_local_adapter_keeps_truncation_apart_from_termination():
+  """MountainCar's 200-step limit ends a random episode: LAST with discount 1 (bootstrap)."""
+  env = envs.make_environment("gymnax:MountainCar-v0", seed=0)
+  assert specs.make_environment_spec(env).actions.num_values == 3
+  timestep, steps = env.reset(), 0
+  assert timestep.first()
+  while not timestep.last():
+    timestep = env.step(1)  # "Do nothing": never reaches the goal.
+    steps += 1
+  assert steps == 200 and timestep.discount == 1.0
+  cartpole = envs.make_environment("gymnax:CartPole-v1", seed=0)
+  timestep = cartpole.reset()
+  while not timestep.last():
+    timestep = cartpole.step(0)  # Always push left: the pole falls, a termination.
+  assert timestep.discount == 0.0
+
+
+def test_apex_epsilons_are_one_fixed_value_per_env_copy():
+  config = _tiny_config(apex_epsilons=True, apex_epsilon_base=0.4, apex_epsilon_alpha=7.0)
+  schedule = DQNBuilder(config).make_epsilon_schedule(num_envs=4)
+  expected = [0.4 ** (1 + 7 * i / 3) for i in range(4)]
+  np.testing.assert_allclose(schedule(0), expected, rtol=1e-6)
+  np.testing.assert_allclose(schedule(10**6), expected, rtol=1e-6)
+  np.testing.assert_allclose(jax.jit(schedule)(jnp.int32(5)), expected, rtol=1e-6)
+
+
+def test_one_cpu_core_run_completes_and_affinity_is_restored(tmp_path):
+  result = _cli("--run_mode=anakin", "--env=gymnax:CartPole-v1", "--total_steps=400",
+                "--min_replay_size=100", "--num_envs=2", "--hidden_sizes=16", "--batch_size=16",
+                "--eval_episodes=2", "--one_cpu_core", "--compilation_cache_dir=",
+                f"--logdir={tmp_path}")
+  assert result.returncode == 0, result.stderr[-2000:]
+  with open(tmp_path / "summary.json") as f:
+    summary = json.load(f)
+  assert summary["experiment"]["one_cpu_core"] and summary["env_steps"] > 0
+  # In this process the CPU client exists already: nothing changes, and it says so.
+  from acme_jax_dqn import utils  # pylint: disable=import-outside-toplevel
+  jax.devices()
+  before = os.sched_getaffinity(0)
+  assert utils.run_xla_on_one_cpu_core() is False
+  assert os.sched_getaffinity(0) == before
+
+
+_SPLIT_SEEDS_SCRIPT = """
+import json, sys
+import jax
+import numpy as np
+from acme_jax_dqn import checkpointing
+from agents.dqn.config import DQNConfig
+from agents.dqn.experiment import ExperimentConfig, run_experiment
+config = DQNConfig(hidden_sizes=(16,), batch_size=16, min_replay_size=100, num_envs=2,
+                   samples_per_insert=4.0, epsilon_decay_steps=500)
+out = {}
+for name, seed, num_seeds in (("pair", 0, 2), ("alone", 1, 1)):
+  experiment = ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin", seed=seed,
+                                num_seeds=num_seeds, total_steps=600, eval_episodes=2,
+                                logdir=sys.argv[1] + "/" + name, quiet=True, loggers=("csv",))
+  summary = run_experiment(experiment, config)
+  params, _, _ = checkpointing.Checkpointer(sys.argv[1] + "/" + name + "/checkpoints"
+                                            ).restore_params()
+  out[name] = {"seed_devices": summary["seed_devices"],
+               "params": [np.asarray(x).tolist() for x in jax.tree.leaves(params)]}
+from agents.dqn.anakin import _seed_mesh
+out["mesh_sizes"] = [_seed_mesh(*args).size for args in
+                     ((2, 0, "mlp"), (2, 0, "minatar_conv"), (3, 0, "mlp"), (4, 1, "mlp"),
+                      (4, 2, "nature_conv"), (2, 0, "mlp", None, True), (2, 1, "mlp", 2))]
+print(json.dumps({"devices": len(jax.devices()), **out}))
+"""
+
+
+def test_seeds_split_over_cpu_devices_keep_each_seed_its_own(tmp_path):
+  """--cpu_devices (0: one per seed for MLPs) runs each block of seeds as its own program:
+  seed 1 of a pair split over two devices trains what seed 1 trains alone (to float rounding:
+  the split program is compiled apart), and its checkpoint saves and reads back."""
+  result = subprocess.run([sys.executable, "-c", _SPLIT_SEEDS_SCRIPT, str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})  # CPU devices, also on a GPU host.
+  assert result.returncode == 0, result.stderr[-2000:]
+  out = json.loads(result.stdout.splitlines()[-1])
+  assert out["devices"] == 2  # Made by the first run (2 seeds), before the CPU client existed.
+  pair, alone = out["pair"], out["alone"]
+  assert pair["seed_devices"] == 2 and alone["seed_devices"] == 1
+  # Auto: every device for MLP torsos, one for conv torsos or under --one_cpu_core; never
+  # an uneven split; a resume keeps its checkpoint's split.
+  assert out["mesh_sizes"] == [2, 1, 1, 1, 2, 1, 2]
+  for in_pair, by_itself in zip(pair["params"], alone["params"]):
+    in_pair, by_itself = np.asarray(in_pair), np.asarray(by_itself)
+    np.testing.assert_allclose(in_pair[1], by_itself[0], rtol=1e-4, atol=1e-6)
+    assert np.max(np.abs(in_pair[0] - in_pair[1])) > 1e-3  # Seed 0 is another run.
+
+
+_GYMNAX_IMPORT_SCRIPT = """
+import sys
+import matplotlib
+from acme_jax_dqn.envs import gymnax_adapter
+gymnax_adapter.make_gymnax("CartPole-v1")
+loaded = [name for name in gymnax_adapter.RENDER_ONLY_MODULES if name in sys.modules]
+from gymnax.environments.misc import pong
+palette = pong.sns.color_palette()  # The stand-in imports seaborn on first use.
+import seaborn
+import matplotlib.pyplot as plt
+print(loaded, type(seaborn).__name__ == "module" and "color_palette" in vars(seaborn),
+      len(palette) > 0, pong.plt.figure is plt.figure)
+"""
+
+
+def test_gymnax_imports_without_its_render_only_modules_which_still_work_on_use():
+  result = subprocess.run([sys.executable, "-c", _GYMNAX_IMPORT_SCRIPT], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.split("\n")[-2] == "[] True True True", result.stdout
+
+
+def test_anakin_clips_each_reward_before_the_n_step_sum_and_logs_unclipped_returns():
+  """CartPole pays 1 a step; with --reward_clip=0.25 every stored 3-step reward is
+  0.25 * (1 + g + g^2) cut at the episode end, while episode returns stay whole numbers."""
+  config = _tiny_config(n_step=3, reward_clip=0.25, min_replay_size=10_000, discount=0.9)
+  env = envs.make_jax_environment("gymnax:CartPole-v1")
+  builder = DQNBuilder(config)
+  trainer = builder.make_anakin(env, builder.make_networks(env.spec), eval_episodes=2)
+  state = jax.jit(trainer.init)(jax.random.PRNGKey(0))
+  state, metrics = jax.jit(trainer.train_chunk, static_argnums=2)(state, 0, 200)
+  size = int(_stored_count(state.buffer))
+  rewards = np.asarray(state.buffer.experience.reward)[0, :size]
+  allowed = [0.25, 0.25 * 1.9, 0.25 * (1 + 0.9 + 0.81)]  # Windows of 1, 2 and 3 steps.
+  assert size == 800 and np.all(np.min(np.abs(rewards[:, None] - allowed), axis=1) < 1e-6)
+  assert np.any(np.abs(rewards - allowed[2]) < 1e-6)
+  episodes = float(metrics["episodes"])
+  assert episodes > 0 and float(metrics["episode_return_sum"]) / episodes > 5  # Unclipped.
+
+
+def _stored_count(buffer_state):
+  return jnp.where(buffer_state.is_full, buffer_state.experience.reward.shape[1],
+                   buffer_state.current_index)
+
+
+_SEED_LAYOUT_SCRIPT = """
+import functools, json, sys
+from acme_jax_dqn import utils
+utils.set_cpu_devices(5)
+import jax
+import numpy as np
+from jax.sharding import PartitionSpec as P
+from acme_jax_dqn import envs
+from agents.dqn.anakin import _per_device
+from agents.dqn.builder import DQNBuilder
+from agents.dqn.config import DQNConfig
+
+config = DQNConfig(hidden_sizes=(32, 32), batch_size=32, num_sgd_steps_per_step=2,
+                   samples_per_insert=64.0, min_replay_size=100, replay_capacity=2000,
+                   target_update_period=1, target_update_tau=0.01, epsilon_decay_steps=500)
+env = envs.make_jax_environment("gymnax:CartPole-v1")
+builder = DQNBuilder(config)
+trainer = builder.make_anakin(env, builder.make_networks(env.spec), eval_episodes=2)
+compiled = {}
+
+def train(seeds, devices):
+  if (len(seeds), devices) not in compiled:
+    mesh = jax.sharding.Mesh(np.array(jax.local_devices()[:devices]), ("seeds",))
+    init = _per_device(jax.vmap(trainer.init), mesh, P("seeds"))
+    chunk = _per_device(jax.vmap(functools.partial(trainer.train_chunk, num_iterations=300),
+                                 in_axes=(0, None)), mesh, (P("seeds"), P()))
+    compiled[(len(seeds), devices)] = jax.jit(lambda keys: chunk(init(keys), np.int32(0)))
+  keys = np.stack([np.asarray(jax.random.PRNGKey(s)) for s in seeds])
+  state, metrics = compiled[(len(seeds), devices)](keys)
+  leaves = jax.tree.leaves(jax.device_get(state.learner.online_params))
+  return [np.concatenate([np.ravel(x[i]) for x in leaves]) for i in range(len(seeds))], metrics
+
+alone = {s: train([s], 1)[0][0] for s in range(5)}
+out = {"learner_steps": int(train([0], 1)[1]["learner_steps"][0]), "layouts": {}}
+for num_seeds, devices in ((2, 1), (2, 2), (5, 1), (5, 5)):
+  params, _ = train(list(range(num_seeds)), devices)
+  out["layouts"][f"{num_seeds}x{devices}"] = [
+      float(np.max(np.abs(params[k] - alone[k]))) for k in range(num_seeds)]
+out["apart"] = float(np.max(np.abs(alone[0] - alone[1])))
+print(json.dumps(out))
+"""
+
+
+def test_seed_k_in_a_k_seed_program_trains_what_it_trains_alone():
+  """Seeds in one vmapped program, on one device or split, are not coupled: after a few
+  hundred learner steps seed k's parameters equal seed k's alone to float rounding."""
+  result = subprocess.run([sys.executable, "-c", _SEED_LAYOUT_SCRIPT], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert result.returncode == 0, result.stderr[-2000:]
+  out = json.loads(result.stdout.splitlines()[-1])
+  assert out["learner_steps"] >= 300
+  assert set(out["layouts"]) == {"2x1", "2x2", "5x1", "5x5"}
+  for layout, diffs in out["layouts"].items():
+    assert max(diffs) < 1e-4, (layout, diffs)
+  assert out["apart"] > 1e-2  # Different seeds train different parameters.
+
+
+def test_jax_batches_rbg_bits_from_the_first_key_so_such_seeds_are_refused(tmp_path):
+  """The JAX behaviour the check guards against, and the check, before any compile."""
+  from acme_jax_dqn import utils  # pylint: disable=import-outside-toplevel
+  for impl, independent in (("threefry2x32", True), ("unsafe_rbg", False), ("rbg", False)):
+    with utils.prng_impl(impl):
+      keys = jnp.stack([jax.random.PRNGKey(0), jax.random.PRNGKey(1)])
+      batched = jax.vmap(lambda k: jax.random.uniform(k, (4,)))(keys)
+      alone = jax.random.uniform(jax.random.PRNGKey(1), (4,))
+      assert np.allclose(batched[1], alone) == independent, impl
+  experiment = ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin", num_seeds=2,
+                                cpu_devices=1, prng_impl="unsafe_rbg", total_steps=400,
+                                logdir=str(tmp_path / "run"), quiet=True, loggers=("csv",))
+  with pytest.raises(ConfigError, match="`prng_impl`=unsafe_rbg with 2 seeds on one device"):
+    run_experiment(experiment, _tiny_config())
+  assert not (tmp_path / "run" / "train.csv").exists()

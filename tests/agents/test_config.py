@@ -1,0 +1,44 @@
+"""DQNConfig and ExperimentConfig: impossible values are refused naming the field, variants by `dataclasses.replace`."""
+
+import dataclasses
+import re
+
+import pytest
+
+from agents.dqn import ConfigError, DQNConfig
+from agents.dqn.experiment_config import ExperimentConfig
+
+
+@pytest.mark.parametrize("kwargs, flag", [
+    ({"batch_size": 0}, "batch_size"),
+    ({"n_step": 0}, "n_step"),
+    ({"v_min": 5.0, "v_max": 5.0}, "v_min"),
+    ({"distributional": True, "num_atoms": 1}, "num_atoms"),
+    ({"min_replay_size": 2000, "replay_capacity": 1000}, "min_replay_size"),
+    ({"target_update_tau": 0.0}, "target_update_tau"),
+    ({"discount": 1.5}, "discount"),
+    ({"samples_per_insert": 0.0}, "samples_per_insert"),
+    ({"torso": "resnet"}, "torso"),
+])
+def test_config_rejects_impossible_values_naming_the_field(kwargs, flag):
+  with pytest.raises(ConfigError, match=re.escape(f"`{flag}`=")):
+    DQNConfig(**kwargs)
+
+
+def test_config_variants_via_replace_are_validated():
+  config = DQNConfig()
+  assert dataclasses.replace(config, double_q=True).double_q
+  with pytest.raises(ConfigError):
+    dataclasses.replace(config, batch_size=-1)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"total_steps": 0}, "total_steps"), ({"run_mode": "cloud"}, "run_mode"),
+    ({"num_seeds": 2}, "num_seeds"), ({"eval_every": -1}, "eval_every"),
+    ({"checkpoint_every": 10, "save_checkpoints": False}, "checkpoint_every"),
+    ({"loggers": ("terminal", "paper")}, "loggers"),
+])
+def test_experiment_config_refuses_impossible_values_in_its_own_terms(kwargs, field):
+  with pytest.raises(ConfigError, match=re.escape(f"`{field}`")) as raised:
+    ExperimentConfig(**kwargs)
+  assert "--" not in str(raised.value)  # Flag names are for launch/ to write.

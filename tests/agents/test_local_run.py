@@ -1,0 +1,79 @@
+"""run_experiment: batched envs count real steps and log on cadence; CPU dispatch is set in time."""
+
+import csv
+import json
+import subprocess
+import sys
+
+from agents.dqn import DQNConfig
+from agents.dqn.experiment import ExperimentConfig, run_experiment
+from tests.fakes import ROOT
+
+
+def test_batched_run_counts_real_steps_and_logs_on_cadence(tmp_path):
+  config = DQNConfig(hidden_sizes=(16,), batch_size=16, min_replay_size=100,
+                     replay_capacity=1000, samples_per_insert=4.0, num_envs=3,
+                     epsilon_decay_steps=500)
+  experiment = ExperimentConfig(total_steps=1000, logdir=str(tmp_path), log_every=300,
+                                eval_episodes=1, quiet=True)
+  summary = run_experiment(experiment, config)
+  assert 1000 <= summary["env_steps"] < 1003  # At most num_envs - 1 over budget.
+  with open(tmp_path / "train.csv") as f:
+    steps = [int(row["env_steps"]) for row in csv.DictReader(f)]
+  assert len(steps) == 4  # Near 300, 600, 900 and the end.
+  assert all(300 * (i + 1) <= s < 300 * (i + 1) + 3 for i, s in enumerate(steps[:3]))
+  # Every counted step produced one transition (n_step 1): none for restarts.
+  inserted = summary["learner_steps"] * 16 / 4 + 100
+  assert inserted <= summary["env_steps"] < inserted + 16 / 4 + 3
+
+
+ONE_CORE_LOCAL = """
+import json, sys
+from jax._src import xla_bridge
+from acme_jax_dqn import utils
+from agents.dqn import DQNConfig
+from agents.dqn.experiment import ExperimentConfig, run_experiment
+seen = []
+original = utils.use_synchronous_cpu_dispatch
+def recording():
+  seen.append(xla_bridge.backends_are_initialized())
+  original()
+utils.use_synchronous_cpu_dispatch = recording
+config = DQNConfig(hidden_sizes=(16,), batch_size=16, min_replay_size=100,
+                   replay_capacity=1000, num_envs=1)
+run_experiment(ExperimentConfig(total_steps=300, logdir=sys.argv[1], eval_episodes=1,
+                                quiet=True, one_cpu_core=True,
+                                compilation_cache_dir=""), config)
+print(json.dumps(seen))
+"""
+
+
+def test_one_env_local_run_sets_synchronous_dispatch_before_the_cpu_client_exists(tmp_path):
+  # JAX reads the dispatch setting when it creates the CPU client, and
+  # --one_cpu_core creates it: set the other way round, one env ran async.
+  root = ROOT
+  result = subprocess.run([sys.executable, "-c", ONE_CORE_LOCAL, str(tmp_path)], cwd=root,
+                          capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  seen = json.loads(result.stdout.strip().splitlines()[-1])
+  assert seen and seen[0] is False, seen
+
+
+def test_local_run_uses_its_prng_and_a_resume_with_another_names_the_flag(tmp_path):
+  import jax  # pylint: disable=import-outside-toplevel
+  import pytest  # pylint: disable=import-outside-toplevel
+  from acme_jax_dqn import checkpointing  # pylint: disable=import-outside-toplevel
+  config = DQNConfig(hidden_sizes=(16,), batch_size=16, min_replay_size=100,
+                     replay_capacity=1000, epsilon_decay_steps=300)
+  make = lambda impl, resume: ExperimentConfig(total_steps=400, logdir=str(tmp_path),
+                                               eval_episodes=1, quiet=True, prng_impl=impl,
+                                               resume=resume)
+  summary = run_experiment(make("unsafe_rbg", False), config)
+  assert summary["prng_impl"] == "unsafe_rbg"
+  assert jax.config.jax_default_prng_impl == "threefry2x32"  # Restored after the run.
+  # The saved learner key is unsafe_rbg's uint32[4]: a threefry run cannot take it.
+  with pytest.raises(checkpointing.CheckpointError, match=r"`prng_impl`=threefry2x32 "
+                     r"\(checkpoint: unsafe_rbg\)"):
+    run_experiment(make("threefry2x32", True), config)
+  # With its own PRNG the same checkpoint resumes (its budget is spent: nothing to add).
+  assert run_experiment(make("unsafe_rbg", True), config)["env_steps"] == 400

@@ -1,0 +1,164 @@
+"""Distributed mode on Ray: the rate limiter, a killed actor, a two-node cluster, bad input."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from tests.fakes import ROOT
+
+TINY = os.path.join("tests", "configs", "tiny_distributed.cfg")
+
+
+def _cmd(*args):
+  return [sys.executable, "-m", "launch.run_dqn", f"--flagfile={TINY}", *args]
+
+
+def _wait_for(path, timeout=240):
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if os.path.exists(path):
+      return True
+    time.sleep(0.2)
+  return False
+
+
+def _kill_node_mid_run(logdir, total_steps, node, timeout, *extra):
+  """Starts a run, SIGKILLs `node(nodes.json)`'s pid once training logs, returns (process, out, err)."""
+  process = subprocess.Popen(_cmd(f"--logdir={logdir}", f"--total_steps={total_steps}",
+                                  "--log_every=500", "--eval_every=0", *extra),
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+  try:
+    assert _wait_for(logdir / "nodes.json") and _wait_for(logdir / "train.csv")
+    os.kill(node(json.loads((logdir / "nodes.json").read_text()))["pid"], signal.SIGKILL)
+    stdout, stderr = process.communicate(timeout=timeout)
+  finally:
+    process.kill()
+  return process, stdout, stderr
+
+
+def test_killed_actor_restarts_and_the_counts_add_up(tmp_path):
+  logdir = tmp_path / "run"
+  process, stdout, stderr = _kill_node_mid_run(logdir, 6000, lambda n: n["actors"][0], 300)
+  assert process.returncode == 0, (stdout[-2000:], stderr[-3000:])
+  summary = json.loads((logdir / "summary.json").read_text())
+  assert summary["actor_restarts"][0] >= 1 and summary["actor_restarts_total"] >= 1
+  # The replay counts env steps only for accepted inserts, once each.
+  assert summary["env_steps"] == sum(summary["actor_steps"])
+  assert summary["env_steps"] >= 6000 and all(n > 0 for n in summary["actor_steps"])
+  assert summary["learner_steps"] > 0 and summary["replay_inserts"] > 0
+  base, alpha = 0.4, 7.0  # Ape-X: eps_i = base ** (1 + alpha * i / (N - 1)).
+  np.testing.assert_allclose(summary["actor_epsilons"], [base, base ** (1 + alpha)],
+                             rtol=1e-5)
+  assert np.isfinite(summary["eval_return_mean"])
+
+
+def test_actors_run_on_the_second_node_of_a_cluster(tmp_path):
+  """Actor nodes placed by a custom resource on the second node, each stepping 4 envpool copies."""
+  from ray.cluster_utils import Cluster  # pylint: disable=import-outside-toplevel
+  os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+  cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+  try:
+    worker = cluster.add_node(num_cpus=2, resources={"actor_host": 4})
+    cluster.wait_for_nodes()
+    logdir = tmp_path / "run"
+    result = subprocess.run(
+        _cmd(f"--logdir={logdir}", "--total_steps=2000", "--log_every=1000",
+             "--eval_every=0", f"--ray_address={cluster.address}",
+             "--actor_resource=actor_host", "--env=envpool:CartPole-v1", "--num_envs=4"),
+        cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["actor_node_ids"] == [worker.node_id] * 2
+    assert summary["env"] == "envpool:CartPole-v1" and summary["config"]["num_envs"] == 4
+    assert summary["env_steps"] == sum(summary["actor_steps"]) >= 2000
+    assert summary["ray_address"] == cluster.address
+  finally:
+    cluster.shutdown()
+
+
+def test_unreachable_ray_address_fails_within_seconds(tmp_path):
+  start = time.time()
+  result = subprocess.run(_cmd(f"--logdir={tmp_path / 'run'}", "--ray_address=127.0.0.1:9"),
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2
+  assert "--ray_address=127.0.0.1:9: no Ray head node answers there" in result.stderr
+  assert "Traceback" not in result.stderr
+  assert time.time() - start < 60  # Mostly the JAX import; the check itself takes <= 3 s.
+
+
+def test_replay_too_small_through_the_cli(tmp_path):
+  result = subprocess.run(_cmd(f"--logdir={tmp_path / 'run'}", "--replay_capacity=230"),
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2 and "too small for the rate limiter" in result.stderr
+
+
+def test_a_killed_learner_restarts_from_its_last_checkpoint_and_the_run_completes(tmp_path):
+  logdir = tmp_path / "run"
+  process, stdout, stderr = _kill_node_mid_run(logdir, 5000, lambda n: n["learner"], 300,
+                                               "--checkpoint_every=1000")
+  assert process.returncode == 0, (stdout[-2000:], stderr[-3000:])
+  summary = json.loads((logdir / "summary.json").read_text())
+  assert summary["learner_restarts"] >= 1 and summary["completed"]
+  assert summary["env_steps"] >= 5000 and summary["env_steps"] == sum(summary["actor_steps"])
+  assert summary["learner_steps"] > 0 and np.isfinite(summary["eval_return_mean"])
+
+
+def test_a_killed_replay_node_ends_the_run_with_a_clear_error(tmp_path):
+  logdir = tmp_path / "run"
+  process, _, stderr = _kill_node_mid_run(logdir, 200000, lambda n: n["replay"], 120)
+  assert process.returncode == 3, stderr[-3000:]
+  assert "The learner or replay node crashed" in stderr and "Traceback" not in stderr
+  assert not (logdir / "summary.json").exists()
+
+
+def test_sigkill_after_a_checkpoint_then_resume_counts_every_step_once(tmp_path):
+  """The driver dies (SIGKILL) right after its checkpoint at 1,500 steps; --resume goes on from
+  the saved replay, learner and counts to the budget, and the counts add up exactly."""
+  from agents.dqn.checkpoints import SIGKILL_AT_STEP_VAR  # pylint: disable=import-outside-toplevel
+  logdir = tmp_path / "run"
+  args = (f"--logdir={logdir}", "--total_steps=3000", "--checkpoint_every=1500",
+          "--log_every=500", "--eval_every=0")
+  # Output to files: Ray's agents outlive a SIGKILLed driver for a while and would hold pipes.
+  with open(tmp_path / "killed.err", "w") as err:
+    killed = subprocess.run(_cmd(*args), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
+                            timeout=300, env={**os.environ, SIGKILL_AT_STEP_VAR: "1500"})
+  assert killed.returncode == -signal.SIGKILL, (tmp_path / "killed.err").read_text()[-3000:]
+  assert not (logdir / "summary.json").exists()
+  with open(tmp_path / "resumed.err", "w") as err:
+    resumed = subprocess.run(_cmd(*args, "--resume"), cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=err, timeout=300)
+  assert resumed.returncode == 0, (tmp_path / "resumed.err").read_text()[-3000:]
+  summary = json.loads((logdir / "summary.json").read_text())
+  saved = summary["resumed_from_step"]
+  assert 1500 <= saved < 3000
+  assert summary["env_steps"] >= 3000 and summary["env_steps"] == sum(summary["actor_steps"])
+  assert summary["env_steps_this_start"] == summary["env_steps"] - saved
+  with open(logdir / "train.csv") as f:
+    rows = list(csv.DictReader(f))
+  steps = [int(r["env_steps"]) for r in rows]
+  assert steps == sorted(steps) and len(steps) == len(set(steps))  # No row written twice.
+  before = [int(r["learner_steps"]) for r in rows if int(r["env_steps"]) <= saved]
+  after = [int(r["learner_steps"]) for r in rows if int(r["env_steps"]) > saved]
+  assert before and after and after[0] >= before[-1] > 0  # Continued, not from 0.
+
+
+def test_the_distributed_cartpole_preset_learns(tmp_path):
+  """launch/configs/cartpole_distributed.cfg on a short budget: well above a random policy."""
+  logdir = tmp_path / "run"
+  with open(tmp_path / "err", "w") as err:
+    result = subprocess.run(
+        [sys.executable, "-m", "launch.run_dqn",
+         "--flagfile=launch/configs/cartpole_distributed.cfg", f"--logdir={logdir}",
+         "--total_steps=12000", "--eval_every=0", "--quiet", "--nosave_checkpoints"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, timeout=600)
+  assert result.returncode == 0, (tmp_path / "err").read_text()[-3000:]
+  summary = json.loads((logdir / "summary.json").read_text())
+  assert summary["env_steps"] >= 12000 and summary["learner_steps"] > 5000
+  assert summary["eval_return_mean"] > 5 * 22.0, summary["eval_return_mean"]  # Random: ~22.
