@@ -11,7 +11,7 @@ import optax
 
 from acme_jax_dqn import acme_interop
 from acme_jax_dqn import replay as replay_lib
-from acme_jax_dqn import utils
+from acme_jax_dqn import trees
 from acme_jax_dqn.networks import Networks
 from acme_jax_dqn.types import Params, TrainingState
 
@@ -223,7 +223,7 @@ class Learner:
 
   `step()` is one jitted call: write the replay's oldest complete chunk,
   then `learner_step` (sample, SGD, new priorities). The state crosses the
-  jit boundary packed into one array per dtype (see `utils.TreePacker`).
+  jit boundary packed into one array per dtype (see `trees.TreePacker`).
   The learner is also the `VariableSource` actors read parameters from.
   """
 
@@ -231,7 +231,7 @@ class Learner:
                initial_state: TrainingState):
     self._replay_buffer = replay_buffer
     replay = replay_buffer.replay
-    packer = utils.TreePacker(initial_state)
+    packer = trees.TreePacker(initial_state)
     self._packer = packer
     self._packed = jax.jit(packer.pack)(initial_state)
     self._metric_names: Tuple[str, ...] = ()
@@ -241,7 +241,7 @@ class Learner:
 
     def packed_step(packed, buffer_state):
       state, buffer_state, metrics = learner_step(packer.unpack(packed), buffer_state)
-      self._metric_names, metrics = utils.pack_metrics(metrics)  # Names fixed at trace time.
+      self._metric_names, metrics = trees.pack_metrics(metrics)  # Names fixed at trace time.
       return packer.pack(state), buffer_state, metrics
 
     def packed_add_and_step(packed, buffer_state, chunk):
@@ -265,7 +265,7 @@ class Learner:
 
   def warmup(self, with_plain_step: bool = True) -> None:
     """Compiles the jitted calls on copies of the state (nothing changes)."""
-    copy = utils.copy_tree
+    copy = trees.copy_tree
     buffer = self._replay_buffer
     jax.block_until_ready(self._add_and_step_fn(
         copy(self._packed), copy(buffer.state), buffer.example_chunk()))

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from acme_jax_dqn import utils
+from acme_jax_dqn import trees
 from acme_jax_dqn.types import Transition
 
 BufferState = Any  # A flashbax buffer state pytree.
@@ -215,5 +215,5 @@ class ReplayBuffer:
 
   def warmup(self) -> None:
     """Compiles the jitted add on a throwaway copy of the state."""
-    state_copy = utils.copy_tree(self.state)
+    state_copy = trees.copy_tree(self.state)
     jax.block_until_ready(self._add(state_copy, self.example_chunk()))

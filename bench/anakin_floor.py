@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from acme_jax_dqn import envs
-from acme_jax_dqn import utils
+from acme_jax_dqn import xla_setup
 from agents.dqn.anakin import AnakinPlan
 from agents.dqn.builder import DQNBuilder
 from launch import flags as launch_flags
@@ -38,7 +38,7 @@ def _timed(compiled, *args) -> float:
 def main(argv):
   del argv
   if FLAGS.one_cpu_core:  # Same XLA threading as the run it is compared with.
-    utils.run_xla_on_one_cpu_core()
+    xla_setup.run_xla_on_one_cpu_core()
   config = launch_flags.config_from_flags()
   experiment = launch_flags.experiment_from_flags()
   jax.config.update("jax_default_prng_impl", experiment.prng_impl)  # The run's PRNG (--prng_impl).

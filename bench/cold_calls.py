@@ -23,7 +23,7 @@ from absl import flags
 import jax
 import numpy as np
 
-from acme_jax_dqn import envs, specs, utils
+from acme_jax_dqn import envs, specs, xla_setup
 from agents.dqn import DQNConfig, LocalAgent
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # For `bench`.
@@ -44,9 +44,9 @@ def _busy(seconds: float) -> None:
 
 def main(argv):
   del argv
-  utils.use_synchronous_cpu_dispatch()  # As local mode with one env.
+  xla_setup.use_synchronous_cpu_dispatch()  # As local mode with one env.
   if FLAGS.one_cpu_core:
-    utils.run_xla_on_one_cpu_core()
+    xla_setup.run_xla_on_one_cpu_core()
   config = DQNConfig(hidden_sizes=(120, 84), batch_size=128, samples_per_insert=12.8,
                      replay_capacity=10_000, min_replay_size=1_000, target_update_period=50,
                      learning_rate=2.5e-4, huber_delta=0.0, max_grad_norm=0.0, num_envs=1)

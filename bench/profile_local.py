@@ -18,7 +18,7 @@ from absl import flags
 import jax
 import numpy as np
 
-from acme_jax_dqn import envs, specs, utils
+from acme_jax_dqn import envs, specs, xla_setup
 from agents.dqn import DQNConfig, LocalAgent
 
 flags.DEFINE_integer("num_envs", 1, "Environment copies.")
@@ -32,9 +32,9 @@ FLAGS = flags.FLAGS
 def main(argv):
   del argv
   n = FLAGS.num_envs
-  utils.configure_cpu_dispatch(n)  # Before the client exists, as run_dqn does.
+  xla_setup.configure_cpu_dispatch(n)  # Before the client exists, as run_dqn does.
   if FLAGS.one_cpu_core:
-    utils.run_xla_on_one_cpu_core()
+    xla_setup.run_xla_on_one_cpu_core()
   config = DQNConfig(hidden_sizes=(120, 84), batch_size=128, samples_per_insert=12.8,
                      replay_capacity=10_000, min_replay_size=1_000, target_update_period=50,
                      learning_rate=2.5e-4, huber_delta=0.0, max_grad_norm=0.0,

@@ -32,7 +32,7 @@ from acme_jax_dqn import learning
 from acme_jax_dqn import replay as replay_lib
 from acme_jax_dqn import seeding
 from acme_jax_dqn import specs
-from acme_jax_dqn import utils
+from acme_jax_dqn import xla_setup
 from acme_jax_dqn.types import Transition
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import DQNConfig
@@ -49,7 +49,7 @@ class ReplayNode:
 
   def __init__(self, config: DQNConfig, spec: specs.EnvironmentSpec, seed: int,
                num_actors: int, insert_batch: int, total_steps: int):
-    utils.run_xla_on_one_cpu_core()
+    xla_setup.run_xla_on_one_cpu_core()
     builder = DQNBuilder(config)
     self._config = config
     self._buffer = builder.make_replay_buffer(spec, insert_chunk=insert_batch)
@@ -197,7 +197,7 @@ class LearnerNode:
 
   def __init__(self, config: DQNConfig, spec: specs.EnvironmentSpec, env_name: str,
                seed: int, replay, variables):
-    utils.run_xla_on_one_cpu_core()
+    xla_setup.run_xla_on_one_cpu_core()
     import ray  # pylint: disable=import-outside-toplevel
     self._ray = ray
     builder = DQNBuilder(config)
@@ -297,7 +297,7 @@ class ActorNode:
 
   def __init__(self, actor_id: int, num_actors: int, config: DQNConfig, env_name: str,
                seed: int, replay, variables, insert_batch: int):
-    utils.run_xla_on_one_cpu_core()
+    xla_setup.run_xla_on_one_cpu_core()
     import ray  # pylint: disable=import-outside-toplevel
     self._ray = ray
     self.actor_id = actor_id
@@ -381,7 +381,7 @@ class EvaluatorNode:
   """Greedy episodes with the newest parameters."""
 
   def __init__(self, config: DQNConfig, env_name: str, seed: int, variables):
-    utils.run_xla_on_one_cpu_core()
+    xla_setup.run_xla_on_one_cpu_core()
     self._environment = envs.make_environment(
         env_name, seed=seeding.derive_seed(seed, seeding.Stream.EVAL_ENV))
     spec = specs.make_environment_spec(self._environment)

@@ -9,7 +9,7 @@ CheckpointError naming the field).
 import time
 from typing import Any, Dict
 
-from acme_jax_dqn import utils
+from acme_jax_dqn import xla_setup
 from agents.dqn import checkpoints
 from agents.dqn import run_loop
 from agents.dqn.config import DQNConfig
@@ -36,21 +36,21 @@ def run_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str,
   Returns the summary (the contents of summary.json).
   """
   checkpoints.check_output_paths(experiment)
-  utils.enable_compilation_cache(experiment.compilation_cache_dir)
+  xla_setup.enable_compilation_cache(experiment.compilation_cache_dir)
   if experiment.run_mode == "local":
     # Before the CPU client exists (`run_xla_on_one_cpu_core` creates it): JAX
     # reads the dispatch setting only then.
-    utils.configure_cpu_dispatch(config.num_envs)
+    xla_setup.configure_cpu_dispatch(config.num_envs)
   if experiment.run_mode == "anakin":  # Also before the CPU client exists.
     # Devices for one seed each (a resume may need its checkpoint's split);
     # agents/dqn/anakin.py picks how many the seeds split over.
-    utils.set_cpu_devices(max(experiment.cpu_devices,
-                              min(experiment.num_seeds, utils.MAX_AUTO_CPU_DEVICES)))
+    xla_setup.set_cpu_devices(max(experiment.cpu_devices,
+                              min(experiment.num_seeds, xla_setup.MAX_AUTO_CPU_DEVICES)))
   if experiment.one_cpu_core:
-    utils.run_xla_on_one_cpu_core()
+    xla_setup.run_xla_on_one_cpu_core()
   # After the CPU settings above: listing checkpoints (orbax) starts JAX's CPU client.
   checkpoints.check_start(experiment, config)
-  with utils.prng_impl(experiment.prng_impl):  # Every key of the run, then back as it was.
+  with xla_setup.prng_impl(experiment.prng_impl):  # Every key of the run, then back as it was.
     start = time.perf_counter()  # compile_s counts from here.
     source = make_source(experiment, config)
     try:

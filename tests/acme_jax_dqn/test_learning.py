@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from acme_jax_dqn import learning, replay as replay_lib, utils
+from acme_jax_dqn import learning, replay as replay_lib, trees
 from acme_jax_dqn.types import Transition
 from agents.dqn import DQNBuilder, DQNConfig
 from acme_jax_dqn import specs
@@ -35,7 +35,7 @@ def test_polyak_target_update_is_exact_average():
 def test_tree_packer_round_trips_mixed_dtypes_exactly():
   tree = {"f": jnp.arange(6.0).reshape(2, 3) / 7, "i": jnp.int32(5),
           "k": jax.random.PRNGKey(3), "g": jnp.ones((1,), jnp.float32)}
-  packer = utils.TreePacker(tree)
+  packer = trees.TreePacker(tree)
   packed = packer.pack(tree)
   assert len(packed) == 3  # float32, int32, uint32.
   back = jax.jit(packer.unpack)(jax.jit(packer.pack)(tree))

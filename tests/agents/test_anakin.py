@@ -278,10 +278,10 @@ def test_one_cpu_core_run_completes_and_affinity_is_restored(tmp_path):
     summary = json.load(f)
   assert summary["experiment"]["one_cpu_core"] and summary["env_steps"] > 0
   # In this process the CPU client exists already: nothing changes, and it says so.
-  from acme_jax_dqn import utils  # pylint: disable=import-outside-toplevel
+  from acme_jax_dqn import xla_setup  # pylint: disable=import-outside-toplevel
   jax.devices()
   before = os.sched_getaffinity(0)
-  assert utils.run_xla_on_one_cpu_core() is False
+  assert xla_setup.run_xla_on_one_cpu_core() is False
   assert os.sched_getaffinity(0) == before
 
 
@@ -380,8 +380,8 @@ def _stored_count(buffer_state):
 
 _SEED_LAYOUT_SCRIPT = """
 import functools, json, sys
-from acme_jax_dqn import utils
-utils.set_cpu_devices(5)
+from acme_jax_dqn import xla_setup
+xla_setup.set_cpu_devices(5)
 import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
@@ -438,9 +438,9 @@ def test_seed_k_in_a_k_seed_program_trains_what_it_trains_alone():
 
 def test_jax_batches_rbg_bits_from_the_first_key_so_such_seeds_are_refused(tmp_path):
   """The JAX behaviour the check guards against, and the check, before any compile."""
-  from acme_jax_dqn import utils  # pylint: disable=import-outside-toplevel
+  from acme_jax_dqn import xla_setup  # pylint: disable=import-outside-toplevel
   for impl, independent in (("threefry2x32", True), ("unsafe_rbg", False), ("rbg", False)):
-    with utils.prng_impl(impl):
+    with xla_setup.prng_impl(impl):
       keys = jnp.stack([jax.random.PRNGKey(0), jax.random.PRNGKey(1)])
       batched = jax.vmap(lambda k: jax.random.uniform(k, (4,)))(keys)
       alone = jax.random.uniform(jax.random.PRNGKey(1), (4,))

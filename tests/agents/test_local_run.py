@@ -30,15 +30,15 @@ def test_batched_run_counts_real_steps_and_logs_on_cadence(tmp_path):
 ONE_CORE_LOCAL = """
 import json, sys
 from jax._src import xla_bridge
-from acme_jax_dqn import utils
+from acme_jax_dqn import xla_setup
 from agents.dqn import DQNConfig
 from agents.dqn.experiment import ExperimentConfig, run_experiment
 seen = []
-original = utils.use_synchronous_cpu_dispatch
+original = xla_setup.use_synchronous_cpu_dispatch
 def recording():
   seen.append(xla_bridge.backends_are_initialized())
   original()
-utils.use_synchronous_cpu_dispatch = recording
+xla_setup.use_synchronous_cpu_dispatch = recording
 config = DQNConfig(hidden_sizes=(16,), batch_size=16, min_replay_size=100,
                    replay_capacity=1000, num_envs=1)
 run_experiment(ExperimentConfig(total_steps=300, logdir=sys.argv[1], eval_episodes=1,
