@@ -126,7 +126,7 @@ def _scalars(values: Mapping[str, Any]) -> Dict[str, float]:
 class TensorBoardLogger:
   """Scalars `<label>/<key>` at step `env_steps` in TensorBoard event files (tensorboardX).
 
-  The event files go into the run's logdir, so `tensorboard `logdir`=runs/`
+  The event files go into the run's logdir, so `tensorboard --logdir=runs/`
   shows every run. TensorBoard hides earlier events at steps from
   `purge_step` on: a resumed run passes its checkpoint's step + 1 (what the
   interrupted run logged after its checkpoint goes, as

@@ -11,8 +11,9 @@ calls of `samples_per_call` sampled items each (none before `min_size`).
 - The compiled anakin iteration has a static shape: it steps `env_steps`
   times and then makes `calls` calls. `iteration_shape` picks the
   smallest whole iteration over which the rule gives whole calls, so the
-  anakin ratio equals the local one; when none is small enough it rounds,
-  and `ratio_warning` says what runs.
+  anakin ratio equals the local one (its calls start with the iteration
+  that fills `min_size`, one iteration's calls ahead of the rule); when no
+  iteration is small enough it rounds, and `ratio_warning` says what runs.
 - The distributed replay (`SampleToInsertRatio`, Reverb's limiter of that
   name) lets samples run ahead of or behind the rule by `error_buffer`
   items, since actors and learner run at their own pace.

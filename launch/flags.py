@@ -34,10 +34,13 @@ def define_flags() -> None:
   """One flag per `ExperimentConfig` and `DQNConfig` field, with its default (idempotent)."""
   if "total_steps" in FLAGS:
     return
-  for config_class in (ExperimentConfig, DQNConfig):
+  classes = (ExperimentConfig, DQNConfig)
+  names = {field.name for config_class in classes for field in dataclasses.fields(config_class)}
+  for config_class in classes:
     docs = field_docs(config_class)
     for field in dataclasses.fields(config_class):
-      _define_field_flag(config_class, field, docs.get(field.name, field.name))
+      help_text = cli.flag_terms(docs.get(field.name, field.name), names)
+      _define_field_flag(config_class, field, help_text)
 
 
 def parse_flags(argv):

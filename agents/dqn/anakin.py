@@ -1,13 +1,13 @@
 """Anakin mode: the compiled trainer driven chunk by chunk, with the local mode's logs and summary.
 
-`run_anakin_experiment` builds `acme_jax_dqn.anakin` from the `DQNBuilder`,
+`AnakinSource` builds `acme_jax_dqn.anakin` from the `DQNBuilder`,
 vmaps it over `num_seeds` seeds, splits the seeds over the local devices
 (`shard_map`: each device runs its block, with no cross-device work; on
 the CPU, `cpu_devices` makes the devices), compiles the init and the
 training chunk ahead of time (that is `compile_s`; the evaluation compiles in a
 background thread while training runs), then runs the chunks: each is one
-call on the device, after which one row of metrics comes back for the
-terminal and train.csv.
+call on the device (one advance of the run loop), after which one row of
+metrics comes back for the terminal and train.csv.
 """
 
 import concurrent.futures
@@ -81,6 +81,16 @@ def _check_resumable_plan(run_checkpoints, plan: AnakinPlan) -> Optional[int]:
     return None  # The restore deals with unreadable checkpoints.
   run_checkpoints.check_same_run(meta, step)  # Env, seeds, PRNG, ...: before compiling too.
   saved = meta.get("plan")
+  shape = ("steps_per_iteration", "fill_env_steps")
+  if saved is not None and any(saved[k] != plan.as_dict()[k] for k in shape):
+    raise checkpointing.CheckpointError(
+        f"`resume`: the checkpoint's run took {saved['steps_per_iteration']} env steps per "
+        f"iteration after a fill of {saved['fill_env_steps']}, and this run takes "
+        f"{plan.steps_per_iteration} after {plan.fill_env_steps}: another compiled program, "
+        "so it cannot continue the run. `num_envs`, `n_step`, `batch_size`, "
+        "`num_sgd_steps_per_step` and `samples_per_insert` (and this version's "
+        "samples-per-insert rule, acme_jax_dqn/rate_limiting.py) set the iteration: resume "
+        "with the checkpoint's values and the version that wrote it, or start a new run.")
   if saved is not None and saved != plan.as_dict():
     experiment = meta.get("experiment", {})
     flags_text = ", ".join(f"`{name}`={experiment.get(name)}" for name in
@@ -144,7 +154,7 @@ def _check_independent_seeds(experiment: ExperimentConfig, seed_devices: int) ->
   every element's bits from the first key (jax 0.10: lax's
   `_rng_bit_generator_batching_rule`), so under `prng_impl`=rbg or
   `unsafe_rbg` the seeds of one program would not each be their own run.
-  One seed per device keeps them apart (`tests/test_anakin.py` shows both).
+  One seed per device keeps them apart (tests/agents/test_anakin.py shows both).
   """
   per_device = experiment.num_seeds // seed_devices
   if experiment.prng_impl in RBG_IMPLS and per_device > 1:
@@ -163,6 +173,20 @@ def _per_device(fn, mesh, in_specs, out_specs=P("seeds")):
 
 def _mean(values) -> float:
   return float(np.mean(np.asarray(values, np.float64)))
+
+
+def _row_fields(metrics: Dict[str, np.ndarray]) -> Dict[str, Any]:
+  """A chunk's metrics ([num_seeds] each) as train.csv fields: means over the seeds."""
+  skip = ("env_steps", "learner_steps", "episodes", "episode_return_sum",
+          "first_nonfinite_step", "nonfinite_updates")
+  episodes = metrics["episodes"]
+  with np.errstate(invalid="ignore", divide="ignore"):
+    returns = np.where(episodes > 0, metrics["episode_return_sum"] / np.maximum(episodes, 1),
+                       np.nan)
+  return {"episodes": int(episodes.sum()),
+          "return_recent": float(np.nanmean(returns)) if np.any(episodes) else math.nan,
+          **{name: _mean(value) for name, value in metrics.items() if name not in skip},
+          "nonfinite_updates": int(np.sum(metrics["nonfinite_updates"]))}
 
 
 class AnakinSource(Source):
@@ -190,7 +214,11 @@ class AnakinSource(Source):
       loggers.warn(warning)
     saved_devices = None
     if experiment.resume:  # Before compiling: a plan that differs costs seconds, not a compile.
-      saved_devices = _check_resumable_plan(checkpoints.RunCheckpoints(experiment, config), plan)
+      run_checkpoints = checkpoints.RunCheckpoints(experiment, config)
+      try:
+        saved_devices = _check_resumable_plan(run_checkpoints, plan)
+      finally:
+        run_checkpoints.close()
     num_seeds = experiment.num_seeds
     self.seeds = seeds = [experiment.seed + i for i in range(num_seeds)]
     train_keys = np.stack([np.asarray(jax.random.PRNGKey(s)) for s in seeds])
@@ -223,7 +251,7 @@ class AnakinSource(Source):
     self._chunks, self._first_step = 0, 0
     self._metrics: Dict[str, Any] = {}
     self._last_row: Dict[str, Any] = {}
-    self._evals: List[Any] = []
+    self.evals: List[Any] = []
     # Chunk ends fall near, not on, multiples of `eval_every` (the n-step fill
     # and whole iterations shift them): evaluate at the chunk end nearest each.
     self.eval_slack = plan.iterations_per_chunk * plan.steps_per_iteration // 2
@@ -248,21 +276,11 @@ class AnakinSource(Source):
     self._metrics = metrics = jax.device_get(metrics)  # One transfer per chunk, [num_seeds] each.
     self.env_steps = int(metrics["env_steps"][0])
     self.learner_steps = int(metrics["learner_steps"][0])
+    self._last_row = _row_fields(metrics)  # Also what a checkpoint keeps.
 
   def train_fields(self) -> Dict[str, Any]:
-    skip = ("env_steps", "learner_steps", "episodes", "episode_return_sum",
-            "first_nonfinite_step", "nonfinite_updates")
-    metrics = self._metrics
-    episodes = metrics["episodes"]
-    with np.errstate(invalid="ignore", divide="ignore"):
-      returns = np.where(episodes > 0, metrics["episode_return_sum"] / np.maximum(episodes, 1),
-                         np.nan)
-    self._last_row = {
-        "episodes": int(episodes.sum()),
-        "return_recent": float(np.nanmean(returns)) if np.any(episodes) else math.nan,
-        **{name: _mean(value) for name, value in metrics.items() if name not in skip},
-        "nonfinite_updates": int(np.sum(metrics["nonfinite_updates"]))}
     return self._last_row
+
 
   def nonfinite(self):
     if not self._metrics:
@@ -277,12 +295,8 @@ class AnakinSource(Source):
   def start_eval(self, eval_index: int) -> bool:
     keys = jax.vmap(lambda k: jax.random.fold_in(k, eval_index))(self._eval_keys)
     returns = self._evaluate.result()(self._state.learner.online_params, keys)
-    self._evals.append((self.env_steps, self.learner_steps, np.asarray(returns, np.float64)))
+    self.evals.append((self.env_steps, self.learner_steps, np.asarray(returns, np.float64)))
     return True
-
-  def finished_evals(self, wait: bool = False):
-    done, self._evals = self._evals, []
-    return done
 
   def checkpoint(self):
     plan = self._plan.as_dict()

@@ -139,7 +139,8 @@ class ConfigError(ValueError):
   """A config value that cannot work; the message names the field (flag) and the fix."""
 
 
-def _fail(field: str, value, why: str) -> None:
+def fail(field: str, value, why: str) -> None:
+  """Raises ConfigError naming `field`=value (in the kit's terms) and why it cannot work."""
   raise ConfigError(f"`{field}`={value!r}: {why}")
 
 
@@ -148,72 +149,72 @@ def _check(c: DQNConfig) -> None:
   for field in dataclasses.fields(c):
     value = getattr(c, field.name)
     if isinstance(value, float) and not math.isfinite(value):
-      _fail(field.name, value, "must be a finite number.")
+      fail(field.name, value, "must be a finite number.")
   at_least_one = ("n_step", "batch_size", "replay_capacity", "min_replay_size",
                   "target_update_period", "num_envs", "num_sgd_steps_per_step",
                   "gradient_accumulation_steps", "variable_update_period")
   for name in at_least_one:
     value = getattr(c, name)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-      _fail(name, value, "must be an integer of at least 1.")
+      fail(name, value, "must be an integer of at least 1.")
   for name in ("epsilon_decay_steps", "learning_rate_decay_steps",
                "importance_sampling_anneal_steps"):
     if getattr(c, name) < 0:
-      _fail(name, getattr(c, name), "must be 0 (off) or a positive number of steps.")
+      fail(name, getattr(c, name), "must be 0 (off) or a positive number of steps.")
   for name in ("epsilon_start", "epsilon_end", "eval_epsilon", "apex_epsilon_base",
                "importance_sampling_exponent", "importance_sampling_exponent_end"):
     if not 0.0 <= getattr(c, name) <= 1.0:
-      _fail(name, getattr(c, name), "must lie in [0, 1].")
+      fail(name, getattr(c, name), "must lie in [0, 1].")
   if not 0.0 < c.discount <= 1.0:
-    _fail("discount", c.discount, "must lie in (0, 1]; 0.99 is usual.")
+    fail("discount", c.discount, "must lie in (0, 1]; 0.99 is usual.")
   if not c.learning_rate > 0:
-    _fail("learning_rate", c.learning_rate, "must be positive (e.g. 1e-3).")
+    fail("learning_rate", c.learning_rate, "must be positive (e.g. 1e-3).")
   if c.learning_rate_end < 0:
-    _fail("learning_rate_end", c.learning_rate_end, "must be 0 or positive.")
+    fail("learning_rate_end", c.learning_rate_end, "must be 0 or positive.")
   if c.learning_rate_schedule not in LR_SCHEDULES:
-    _fail("learning_rate_schedule", c.learning_rate_schedule, f"must be one of {LR_SCHEDULES}.")
+    fail("learning_rate_schedule", c.learning_rate_schedule, f"must be one of {LR_SCHEDULES}.")
   if not c.adam_eps > 0:
-    _fail("adam_eps", c.adam_eps, "must be positive.")
+    fail("adam_eps", c.adam_eps, "must be positive.")
   if c.max_grad_norm < 0:
-    _fail("max_grad_norm", c.max_grad_norm, "must be positive, or 0 to turn clipping off.")
+    fail("max_grad_norm", c.max_grad_norm, "must be positive, or 0 to turn clipping off.")
   if c.reward_clip < 0:
-    _fail("reward_clip", c.reward_clip, "must be positive (1 clips to [-1, 1]), or 0 to "
+    fail("reward_clip", c.reward_clip, "must be positive (1 clips to [-1, 1]), or 0 to "
           "turn clipping off.")
   if c.huber_delta < 0:
-    _fail("huber_delta", c.huber_delta, "must be positive, or 0 for the squared loss.")
+    fail("huber_delta", c.huber_delta, "must be positive, or 0 for the squared loss.")
   if not c.samples_per_insert > 0:
-    _fail("samples_per_insert", c.samples_per_insert,
+    fail("samples_per_insert", c.samples_per_insert,
           "must be positive (e.g. 8 = batch 32 every 4 env steps).")
   if not 0.0 < c.target_update_tau <= 1.0:
-    _fail("target_update_tau", c.target_update_tau,
+    fail("target_update_tau", c.target_update_tau,
           "must lie in (0, 1]: 1 copies the online params every "
           "`target_update_period` steps, a small value (0.005) with "
           "`target_update_period`=1 is Polyak averaging.")
   if not 0.0 <= c.priority_exponent <= 1.0:
-    _fail("priority_exponent", c.priority_exponent, "must lie in [0, 1] (0.6 is usual).")
+    fail("priority_exponent", c.priority_exponent, "must lie in [0, 1] (0.6 is usual).")
   if c.apex_epsilon_alpha < 0:
-    _fail("apex_epsilon_alpha", c.apex_epsilon_alpha, "must be 0 or positive (7 in Ape-X).")
+    fail("apex_epsilon_alpha", c.apex_epsilon_alpha, "must be 0 or positive (7 in Ape-X).")
   if not c.priority_epsilon > 0:
-    _fail("priority_epsilon", c.priority_epsilon, "must be positive.")
+    fail("priority_epsilon", c.priority_epsilon, "must be positive.")
   if c.torso not in TORSOS:
-    _fail("torso", c.torso, f"must be one of {TORSOS}.")
+    fail("torso", c.torso, f"must be one of {TORSOS}.")
   if not c.hidden_sizes or any(h < 1 for h in c.hidden_sizes):
-    _fail("hidden_sizes", ",".join(map(str, c.hidden_sizes)),
+    fail("hidden_sizes", ",".join(map(str, c.hidden_sizes)),
           "must be a comma-separated list of positive layer sizes, e.g. 256,256.")
   if not c.v_min < c.v_max:
-    _fail("v_min", c.v_min, f"must be below `v_max`={c.v_max}: the C51 support "
+    fail("v_min", c.v_min, f"must be below `v_max`={c.v_max}: the C51 support "
           "runs from v_min up to v_max.")
   if c.distributional and c.num_atoms < 2:
-    _fail("num_atoms", c.num_atoms, "C51 (`distributional`) needs at least 2 atoms "
+    fail("num_atoms", c.num_atoms, "C51 (`distributional`) needs at least 2 atoms "
           "(51 in the paper); use `distributional`=False for a plain Q head.")
   if c.min_replay_size > c.replay_capacity:
-    _fail("min_replay_size", c.min_replay_size,
+    fail("min_replay_size", c.min_replay_size,
           f"is above `replay_capacity`={c.replay_capacity}, so learning would "
           "never start. Lower `min_replay_size` or raise `replay_capacity`.")
   if c.inserts_per_learner_step > c.replay_capacity:
-    _fail("samples_per_insert", c.samples_per_insert,
+    fail("samples_per_insert", c.samples_per_insert,
           f"means {c.inserts_per_learner_step} inserts per learner step, more than "
           f"`replay_capacity`={c.replay_capacity}. Raise `samples_per_insert` or the capacity.")
   if c.batch_size > c.replay_capacity:
-    _fail("batch_size", c.batch_size,
+    fail("batch_size", c.batch_size,
           f"is above `replay_capacity`={c.replay_capacity}; raise the capacity.")

@@ -177,6 +177,7 @@ class DistributedSource(Source):
       raise ConfigError(str(error)) from error
     address = experiment.ray_address or os.environ.get("RAY_ADDRESS", "")
     self._ray, self._started = ray_cluster.start_ray(address)
+    self._node_handles: List[Any] = []
     try:
       self._start_nodes(spec)
     except BaseException:
@@ -203,6 +204,7 @@ class DistributedSource(Source):
                                                                    variables)
     ray.get(replay.ping.remote())
     self._actor_info = ray.get([a.info.remote() for a in self._actors])
+    self._node_handles = [variables, replay, learner, self._evaluator, *self._actors]
     self._program = _ProgramCheckpoints(ray, experiment, config, spec,
                                         (replay, learner, self._actors))
     self._restarts = [0] * num_actors
@@ -220,6 +222,7 @@ class DistributedSource(Source):
     self._evals: List[Any] = []
     self._stats: Dict[str, Any] = {}
     self._train_s = None
+    self._train_start = None
 
   # The run loop's hooks.
   def restore(self, run_checkpoints):
@@ -241,7 +244,6 @@ class DistributedSource(Source):
     self._learner_calls = max(1, 100 // self._config.num_sgd_steps_per_step)
     self._learner_ref = self._learner.run.remote(self._learner_calls)
     self._stats = ray.get(self._replay.stats.remote())
-    self._train_start = time.perf_counter()
 
   @property
   def learner_steps(self) -> int:
@@ -263,6 +265,8 @@ class DistributedSource(Source):
     """One driver round: collect what finished, start the next calls, read the counts."""
     del target_steps, should_stop  # The nodes run at their own pace.
     ray = self._ray
+    if self._train_start is None:
+      self._train_start = time.perf_counter()
     refs = list(self._pending) + [self._learner_ref] + (
         [self._eval_ref] if self._eval_ref is not None else [])
     ready, _ = ray.wait(refs, num_returns=1, timeout=1.0)
@@ -309,7 +313,7 @@ class DistributedSource(Source):
 
   def _collect_eval(self) -> None:
     values = self._ray.get(self._eval_ref)
-    self._evals.append((self._eval_at, self.learner_steps, values))
+    self._evals.append((*self._eval_at, values))
     self._eval_ref = None
 
   def start_eval(self, eval_index: int) -> bool:
@@ -317,7 +321,7 @@ class DistributedSource(Source):
     if self._eval_ref is not None:
       return False
     self._eval_ref = self._evaluator.evaluate.remote(self._experiment.eval_episodes)
-    self._eval_at = self.env_steps
+    self._eval_at = (self.env_steps, self.learner_steps)  # The parameters it evaluates.
     return True
 
   def finished_evals(self, wait: bool = False):
@@ -331,7 +335,11 @@ class DistributedSource(Source):
             "learner_restarts": self._program.learner_restarts}
 
   def checkpoint(self):
-    return self._program.checkpoint(self._host_state())
+    saved = self._program.checkpoint(self._host_state())
+    state = self._program.learner_snapshot["state"]  # Newer than the last learner result.
+    self._learner_result.update(nonfinite_updates=int(state.nonfinite_updates),
+                                first_nonfinite_step=int(state.first_nonfinite_step))
+    return saved
 
   def finish(self) -> None:
     """Closes the replay, stops the actors and waits for the learner's last call."""
@@ -372,6 +380,14 @@ class DistributedSource(Source):
         nonfinite_updates=self._learner_result.get("nonfinite_updates", 0))
 
   def close(self) -> None:
+    """Shuts down the Ray this run started; on a cluster it joined, stops this run's nodes."""
     if self._started:
       self._ray.shutdown()
       self._started = False
+    elif self._ray.is_initialized():
+      for handle in self._node_handles:
+        try:
+          self._ray.kill(handle, no_restart=True)
+        except Exception:  # pylint: disable=broad-except
+          pass  # Gone already.
+      self._node_handles = []

@@ -4,7 +4,7 @@ import dataclasses
 from typing import Tuple
 
 from acme_jax_dqn import loggers
-from agents.dqn.config import ConfigError
+from agents.dqn.config import ConfigError, fail
 
 RUN_MODES = ("local", "anakin", "distributed")
 # JAX's PRNG implementations (`jax_default_prng_impl`); threefry2x32 is JAX's default.
@@ -115,33 +115,29 @@ class ExperimentConfig:
     _check(self)
 
 
-def _fail(field: str, value, why: str) -> None:
-  raise ConfigError(f"`{field}`={value!r}: {why}")
-
-
 def _check(e: ExperimentConfig) -> None:
   """Single-field ranges, then fields that must agree (ConfigError naming the field)."""
   for name, choices in {**CHOICES, "wandb_mode": WANDB_MODES}.items():
     if getattr(e, name) not in choices:
-      _fail(name, getattr(e, name), f"must be one of {choices}.")
+      fail(name, getattr(e, name), f"must be one of {choices}.")
   for name in ("total_steps", "eval_episodes", "log_every", "num_seeds", "num_actors",
                "actor_insert_batch"):
     if getattr(e, name) < 1:
-      _fail(name, getattr(e, name), "must be at least 1.")
+      fail(name, getattr(e, name), "must be at least 1.")
   zero_means = {"eval_every": " (only at the end)", "seed": "",
                 "cpu_devices": " (the default split)", "max_learner_steps": " (no limit)",
                 "keep_checkpoints": " (keep all)",
                 "checkpoint_every": " (at the end and on SIGTERM only)"}
   for name, meaning in zero_means.items():
     if getattr(e, name) < 0:
-      _fail(name, getattr(e, name), f"must be 0{meaning} or positive.")
+      fail(name, getattr(e, name), f"must be 0{meaning} or positive.")
   if e.num_seeds > 1 and e.run_mode != "anakin":
-    _fail("num_seeds", e.num_seeds, "trains seeds together in one compiled program, which "
+    fail("num_seeds", e.num_seeds, "trains seeds together in one compiled program, which "
           "needs `run_mode=anakin` (and a gymnax environment); in local mode run one seed "
           "per process with `seed`.")
   if e.checkpoint_every > 0 and not e.save_checkpoints:
-    _fail("checkpoint_every", e.checkpoint_every, "asks for checkpoints and "
+    fail("checkpoint_every", e.checkpoint_every, "asks for checkpoints and "
           "`save_checkpoints`=False turns them off; drop one.")
   if e.run_mode == "anakin" and not e.checkpoint_replay:
-    _fail("checkpoint_replay", False, "in anakin mode the replay is part of the compiled "
+    fail("checkpoint_replay", False, "in anakin mode the replay is part of the compiled "
           "state and is always saved; drop the setting.")

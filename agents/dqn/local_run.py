@@ -85,7 +85,7 @@ class LocalSource(Source):
     if experiment.save_checkpoints and not self._env_saveable:
       loggers.warn(f"the state of {experiment.env} cannot be saved in checkpoints; a "
                    "resumed run starts new episodes, so it is not the uninterrupted run.")
-    self._evals: List[Any] = []
+    self.evals: List[Any] = []
     self._resume_exact = None
 
   @property
@@ -142,12 +142,8 @@ class LocalSource(Source):
     del eval_index  # The eval actor's own RNG stream goes on from evaluation to evaluation.
     returns = evaluate(self._eval_environment, self._eval_actor,
                        self._experiment.eval_episodes)
-    self._evals.append((self.env_steps, self.learner_steps, returns))
+    self.evals.append((self.env_steps, self.learner_steps, returns))
     return True
-
-  def finished_evals(self, wait: bool = False):
-    done, self._evals = self._evals, []
-    return done
 
   def checkpoint(self):
     include_replay = self._experiment.checkpoint_replay

@@ -70,9 +70,15 @@ class Source(abc.ABC):
   def start_eval(self, eval_index: int) -> bool:
     """Starts evaluation number `eval_index` (False: one is still running)."""
 
-  @abc.abstractmethod
   def finished_evals(self, wait: bool = False) -> List[EvalResult]:
-    """Evaluations done since the last call (with `wait`, the running one too)."""
+    """Evaluations done since the last call (with `wait`, the running one too).
+
+    By default those `start_eval` appended to `self.evals`, a list the
+    source makes (for evaluations that finish before `start_eval` returns).
+    """
+    del wait
+    done, self.evals = self.evals, []
+    return done
 
   @abc.abstractmethod
   def checkpoint(self) -> Tuple[int, Dict[str, Any], Dict[str, Any], Dict[str, Any], Any]:
@@ -119,6 +125,16 @@ def run(experiment, config, source: Source, start: float) -> Dict[str, Any]:
   the time before the first advance.
   """
   run_checkpoints = checkpoints.RunCheckpoints(experiment, config)
+  try:
+    summary = _drive(experiment, config, source, start, run_checkpoints)
+  finally:
+    run_checkpoints.close()
+  summary_lib.write_summary(experiment.logdir, summary)
+  return summary
+
+
+def _drive(experiment, config, source: Source, start: float, run_checkpoints):
+  """`run`'s loop; returns the summary."""
   eval_rows: List[Dict[str, Any]] = []
   resumed_from = None
   if experiment.resume:
@@ -132,7 +148,6 @@ def run(experiment, config, source: Source, start: float) -> Dict[str, Any]:
   next_eval = checkpoints.next_multiple(first_step + source.eval_slack, every)
   next_save = checkpoints.next_multiple(first_step, run_checkpoints.every)
   eval_s = 0.0
-  train_start = time.perf_counter()
 
   def log_evals(results: List[EvalResult]) -> None:
     for env_steps, learner_steps, returns in results:
@@ -154,60 +169,62 @@ def run(experiment, config, source: Source, start: float) -> Dict[str, Any]:
     run_checkpoints.check_finite(count, first, f" ({where}env step <= {source.env_steps})")
 
   def save() -> Tuple[int, Optional[str]]:
-    check_finite()  # Never save a non-finite state over the last good checkpoint.
     env_steps, arrays, host, meta, params = source.checkpoint()
+    check_finite()  # Never save a non-finite state over the last good checkpoint.
     path = run_checkpoints.save(env_steps, arrays, {**host, "eval_rows": eval_rows},
                                 {"run_mode": experiment.run_mode,
                                  "learner_steps": source.learner_steps, **meta}, params=params)
     return env_steps, path
 
+  def final_eval_done() -> bool:  # The newest evaluation saw the final parameters.
+    return bool(eval_rows) and (eval_rows[-1]["env_steps"], eval_rows[-1]["learner_steps"]) == (
+        source.env_steps, source.learner_steps)
+
   # Signals are held from here to the final checkpoint: SIGTERM or Ctrl-C
   # saves and stops at the next boundary. The loggers close with this
   # block, also on an error or a stop.
-  try:
-    with checkpoints.Preemption() as preemption, \
-        make_run_loggers(experiment, config, resumed_from) as run_log:
-      while not source.done:
-        source.advance(_first(next_log, next_eval, next_save, experiment.total_steps),
-                       preemption.requested)
-        env_steps = source.env_steps
-        log_evals(source.finished_evals())
-        if source.row_every_advance or env_steps >= next_log or source.done:
-          next_log = checkpoints.next_multiple(env_steps, experiment.log_every)
-          elapsed = time.perf_counter() - train_start - eval_s
-          run_log.train({"env_steps": env_steps, "learner_steps": source.learner_steps,
-                         "wall_s": time.perf_counter() - start,
-                         "sps": (env_steps - first_step) / max(elapsed, 1e-9),
-                         **source.train_fields()})
-          check_finite()
-        else:
-          run_log.progress(env_steps)
-        if source.done:
-          run_checkpoints.maybe_kill(env_steps)  # Tests of a kill before the final save.
-          break
-        if next_eval is not None and env_steps + source.eval_slack >= next_eval:
-          if evaluate(wait=False):
-            next_eval = checkpoints.next_multiple(env_steps + source.eval_slack, every)
-        if run_checkpoints.due(env_steps, next_save):
-          saved_at, _ = save()
-          next_save = checkpoints.next_multiple(saved_at, run_checkpoints.every)
-        if preemption.requested():
-          saved_at, path = save()
-          raise checkpoints.RunInterrupted(preemption.signum, saved_at, path)
-        run_checkpoints.maybe_kill(env_steps)
-      source.finish()
-      log_evals(source.finished_evals(wait=True))
-      check_finite()
-      if not eval_rows or eval_rows[-1]["env_steps"] != source.env_steps:
-        evaluate(wait=True)
-      wall_s = time.perf_counter() - start
-      run_log.close()
-      try:  # The final checkpoint: to resume with a larger budget, or for launch.evaluate.
-        save()
-      except (OSError, ValueError) as error:  # The run is done: keep its summary anyway.
-        loggers.warn(f"the final checkpoint could not be saved ({error}).")
-  finally:
-    run_checkpoints.close()
+  with checkpoints.Preemption() as preemption, \
+      make_run_loggers(experiment, config, resumed_from) as run_log:
+    train_start = time.perf_counter()
+    while not source.done:
+      source.advance(_first(next_log, next_eval, next_save, experiment.total_steps),
+                     preemption.requested)
+      env_steps = source.env_steps
+      log_evals(source.finished_evals())
+      if source.row_every_advance or env_steps >= next_log or source.done:
+        next_log = checkpoints.next_multiple(env_steps, experiment.log_every)
+        elapsed = time.perf_counter() - train_start - eval_s
+        run_log.train({"env_steps": env_steps, "learner_steps": source.learner_steps,
+                       "wall_s": time.perf_counter() - start,
+                       "sps": (env_steps - first_step) / max(elapsed, 1e-9),
+                       **source.train_fields()})
+        check_finite()
+      else:
+        run_log.progress(env_steps)
+      if source.done:
+        run_checkpoints.maybe_kill(env_steps)  # Tests of a kill before the final save.
+        break
+      if next_eval is not None and env_steps + source.eval_slack >= next_eval:
+        if evaluate(wait=False):
+          next_eval = checkpoints.next_multiple(env_steps + source.eval_slack, every)
+      if run_checkpoints.due(env_steps, next_save):
+        saved_at, _ = save()
+        next_save = checkpoints.next_multiple(saved_at, run_checkpoints.every)
+      if preemption.requested():
+        saved_at, path = save()
+        raise checkpoints.RunInterrupted(preemption.signum, saved_at, path)
+      run_checkpoints.maybe_kill(env_steps)
+    source.finish()
+    log_evals(source.finished_evals(wait=True))
+    check_finite()
+    if not final_eval_done():
+      evaluate(wait=True)
+    wall_s = time.perf_counter() - start
+    run_log.close()
+    try:  # The final checkpoint: to resume with a larger budget, or for launch.evaluate.
+      save()
+    except (OSError, ValueError) as error:  # The run is done: keep its summary anyway.
+      loggers.warn(f"the final checkpoint could not be saved ({error}).")
 
   final = eval_rows[-1]
   summary = summary_lib.base_summary(
@@ -216,5 +233,4 @@ def run(experiment, config, source: Source, start: float) -> Dict[str, Any]:
       steps_this_start=source.env_steps - first_step)
   summary.update(source.summary_fields(final, wall_s, compile_s),
                  **summary_lib.checkpoint_summary(run_checkpoints, resumed_from))
-  summary_lib.write_summary(experiment.logdir, summary)
   return summary

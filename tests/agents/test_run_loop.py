@@ -1,0 +1,158 @@
+"""The one driver loop (agents/dqn/run_loop.py) on a counting source: cadences, evaluations, stops, resume."""
+
+import csv
+import json
+import math
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from agents.dqn import DQNConfig, checkpoints, run_loop
+from agents.dqn.experiment_config import ExperimentConfig
+
+
+class CountingSource(run_loop.Source):
+  """Each advance adds `step` env steps and half as many learner steps.
+
+  An evaluation returns the env steps it started at (two episodes), at
+  once or, with `async_evals`, at the next advance. `signal_at` sends this
+  process SIGTERM in the advance that reaches it; `nonfinite_at` reports a
+  non-finite update from there on.
+  """
+
+  def __init__(self, total, step, slack=0, async_evals=False, signal_at=None,
+               nonfinite_at=None):
+    self.total, self.step, self.eval_slack = total, step, slack
+    self.async_evals, self.signal_at, self.nonfinite_at = async_evals, signal_at, nonfinite_at
+    self.env_steps = self.learner_steps = 0
+    self.evals, self.pending, self.advances = [], None, []
+
+  @property
+  def done(self):
+    return self.env_steps >= self.total
+
+  def restore(self, run_checkpoints):
+    arrays, meta, host = run_checkpoints.restore({"x": np.zeros(2, np.float32)})
+    assert float(arrays["x"][0]) == host["count"] == meta["env_steps"]
+    self.env_steps, self.learner_steps = host["count"], host["count"] // 2
+    return host, meta["env_steps"]
+
+  def advance(self, target_steps, should_stop):
+    self.advances.append(target_steps)
+    if self.pending is not None:
+      self.evals.append(self.pending)
+      self.pending = None
+    self.env_steps += self.step
+    self.learner_steps = self.env_steps // 2
+    if self.signal_at is not None and self.env_steps >= self.signal_at:
+      self.signal_at = None
+      signal.raise_signal(signal.SIGTERM)
+
+  def train_fields(self):
+    return {"episodes": 0, "return_recent": math.nan, "nonfinite_updates": 0}
+
+  def nonfinite(self):
+    if self.nonfinite_at is not None and self.env_steps >= self.nonfinite_at:
+      return 1, self.nonfinite_at // 2, ""
+    return 0, -1, ""
+
+  def start_eval(self, eval_index):
+    if self.pending is not None:
+      return False
+    result = (self.env_steps, self.learner_steps, [float(self.env_steps)] * 2)
+    if self.async_evals:
+      self.pending = result
+    else:
+      self.evals.append(result)
+    return True
+
+  def finished_evals(self, wait=False):
+    if wait and self.pending is not None:
+      self.evals.append(self.pending)
+      self.pending = None
+    return super().finished_evals(wait)
+
+  def checkpoint(self):
+    count = self.env_steps
+    return count, {"x": np.full(2, count, np.float32)}, {"count": count}, {}, None
+
+
+def _experiment(tmp_path, **kwargs):
+  return ExperimentConfig(logdir=str(tmp_path / "run"), loggers=("csv",), quiet=True,
+                          keep_checkpoints=0, compilation_cache_dir="", **kwargs)
+
+
+def _column(path, name):
+  with open(path, newline="") as f:
+    return [int(float(row[name])) for row in csv.DictReader(f)]
+
+
+def _run(experiment, source):
+  return run_loop.run(experiment, DQNConfig(), source, time.perf_counter())
+
+
+def test_rows_evaluations_and_checkpoints_follow_their_env_step_cadences(tmp_path):
+  experiment = _experiment(tmp_path, total_steps=1000, log_every=200, eval_every=300,
+                           checkpoint_every=500)
+  source = CountingSource(total=1000, step=100)
+  summary = _run(experiment, source)
+  logdir = tmp_path / "run"
+  assert _column(logdir / "train.csv", "env_steps") == [200, 400, 600, 800, 1000]
+  assert _column(logdir / "eval.csv", "env_steps") == [300, 600, 900, 1000]  # And the final.
+  assert sorted(int(d) for d in os.listdir(logdir / "checkpoints")) == [500, 1000]
+  # The loop asks the source for the next boundary of any cadence.
+  assert source.advances[:6] == [200, 200, 300, 400, 500, 600]
+  on_disk = json.loads((logdir / "summary.json").read_text())
+  assert on_disk == json.loads(json.dumps(summary, default=str))
+  assert summary["env_steps"] == 1000 and summary["learner_steps"] == 500
+  assert summary["eval_return_mean"] == 1000.0 and summary["completed"] is True
+
+
+def test_an_evaluation_comes_at_the_advance_nearest_each_multiple_within_the_slack(tmp_path):
+  experiment = _experiment(tmp_path, total_steps=1000, log_every=1000, eval_every=300)
+  _run(experiment, CountingSource(total=1000, step=140, slack=70))
+  # Ends at 140, 280, ...: 280 is within 70 of 300, 560 of 600, 840 of 900; then the final.
+  assert _column(tmp_path / "run" / "eval.csv", "env_steps") == [280, 560, 840, 1120]
+
+
+def test_a_background_evaluation_keeps_the_steps_it_started_at_and_the_end_is_evaluated(
+    tmp_path):
+  experiment = _experiment(tmp_path, total_steps=600, log_every=100, eval_every=200)
+  _run(experiment, CountingSource(total=600, step=100, async_evals=True))
+  path = tmp_path / "run" / "eval.csv"
+  assert _column(path, "env_steps") == [200, 400, 600]
+  assert _column(path, "learner_steps") == [100, 200, 300]
+  assert _column(path, "eval_return_mean") == [200, 400, 600]
+
+
+def test_sigterm_saves_a_checkpoint_at_the_next_boundary_and_stops(tmp_path):
+  assert threading.current_thread() is threading.main_thread()  # Where signals are handled.
+  experiment = _experiment(tmp_path, total_steps=1000, log_every=100)
+  with pytest.raises(checkpoints.RunInterrupted) as stopped:
+    _run(experiment, CountingSource(total=1000, step=100, signal_at=300))
+  assert stopped.value.env_steps == 300 and stopped.value.exit_code == 128 + signal.SIGTERM
+  assert os.listdir(tmp_path / "run" / "checkpoints") == ["300"]
+  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # The handler is gone again.
+
+
+def test_a_non_finite_update_stops_the_run_naming_the_last_good_checkpoint(tmp_path):
+  experiment = _experiment(tmp_path, total_steps=1000, log_every=100, checkpoint_every=200)
+  with pytest.raises(checkpoints.NonFiniteError, match="learner step 250") as stopped:
+    _run(experiment, CountingSource(total=1000, step=100, nonfinite_at=500))
+  assert str(tmp_path / "run" / "checkpoints" / "400") in str(stopped.value)
+  assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["200", "400"]
+
+
+def test_a_resumed_run_continues_its_rows_and_evaluations(tmp_path):
+  _run(_experiment(tmp_path, total_steps=400, log_every=100, eval_every=200),
+       CountingSource(total=400, step=100))
+  resumed = _experiment(tmp_path, total_steps=800, log_every=100, eval_every=200, resume=True)
+  summary = _run(resumed, CountingSource(total=800, step=100))
+  logdir = tmp_path / "run"
+  assert summary["resumed_from_step"] == 400 and summary["env_steps_this_start"] == 400
+  assert _column(logdir / "train.csv", "env_steps") == [100, 200, 300, 400, 500, 600, 700, 800]
+  assert _column(logdir / "eval.csv", "env_steps") == [200, 400, 600, 800]
