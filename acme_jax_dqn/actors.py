@@ -68,14 +68,20 @@ class ConstantEpsilons:
     return jnp.asarray(self.epsilons, jnp.float32)
 
 
-def make_epsilon_greedy_policy(networks: Networks) -> PolicyFn:
+def make_epsilon_greedy_policy(networks: Networks, evaluation: bool = False) -> PolicyFn:
   """Returns `policy(params, key, observation [B, ...], epsilon) -> actions [B]`.
 
   `epsilon` is a scalar or one value per row ([B], e.g. Ape-X epsilons).
+  Noisy networks draw fresh noise from `key` at every call, except for
+  `evaluation`, which acts on the mean weights.
   """
 
   def policy(params, key, observation, epsilon):
-    q_values = networks.apply(params, observation).q_values  # [B, A]
+    if networks.noisy and not evaluation:
+      key, noise_key = jax.random.split(key)
+      q_values = networks.apply(params, observation, noise_key).q_values  # [B, A]
+    else:
+      q_values = networks.apply(params, observation).q_values  # [B, A]
     batch_size, num_actions = q_values.shape
     explore_key, action_key = jax.random.split(key)
     explore = jax.random.uniform(explore_key, (batch_size,)) < epsilon
@@ -86,12 +92,22 @@ def make_epsilon_greedy_policy(networks: Networks) -> PolicyFn:
   return policy
 
 
-def make_greedy_policy(networks: Networks) -> GreedyFn:
-  """Returns `greedy(params, observation [B, ...]) -> argmax_a Q [B]`."""
+def make_greedy_policy(networks: Networks, evaluation: bool = False) -> GreedyFn:
+  """Returns `greedy(params, observation [B, ...], noise_seed) -> argmax_a Q [B]`.
 
-  def greedy(params, observation):
-    return jnp.argmax(networks.apply(params, observation).q_values, axis=-1).astype(jnp.int32)
+  Noisy networks draw their noise from `noise_seed` (a uint32; the host
+  actor draws one per call), except for `evaluation` (mean weights).
+  """
+  noise = networks.noisy and not evaluation
 
+  def greedy(params, observation, noise_seed):
+    if noise:
+      q_values = networks.apply(params, observation, jax.random.PRNGKey(noise_seed)).q_values
+    else:
+      q_values = networks.apply(params, observation).q_values
+    return jnp.argmax(q_values, axis=-1).astype(jnp.int32)
+
+  greedy.noisy = noise
   return greedy
 
 
@@ -166,7 +182,8 @@ class Actor:
     seed = [int(x) for x in np.asarray(key).ravel()]
     self._rng = np.random.default_rng(seed)
     self._py_rng = random.Random(sum(x << (32 * i) for i, x in enumerate(seed)))
-    self._greedy = jax.jit(greedy)
+    self._noisy = getattr(greedy, "noisy", False)  # Then it takes a noise seed per call.
+    self._greedy_fn = jax.jit(greedy)
     self._epsilon_fn = epsilon_fn
     # Env steps observed by this actor (all copies; restart steps excluded).
     # It drives epsilon, so it counts in `observe`, where restarts are known.
@@ -180,7 +197,7 @@ class Actor:
     if explore.all():
       actions = self._rng.integers(self._num_actions, size=n, dtype=np.int32)
     else:
-      actions = np.asarray(self._greedy(self._client.params, observation))
+      actions = np.asarray(self._greedy(observation, lambda: int(self._rng.integers(2**31))))
       if explore.any():
         actions = np.where(explore, self._rng.integers(self._num_actions, size=n,
                                                        dtype=np.int32), actions)
@@ -190,7 +207,13 @@ class Actor:
     """The unbatched path, in plain Python: a numpy call costs more than this whole step."""
     if self._py_rng.random() < self._epsilon_fn(self.num_steps):
       return self._py_rng.randrange(self._num_actions)
-    return int(np.asarray(self._greedy(self._client.params, observation[None]))[0])
+    return int(np.asarray(self._greedy(observation[None],
+                                       lambda: self._py_rng.getrandbits(31)))[0])
+
+  def _greedy(self, observation, draw_seed):
+    """The jitted greedy call; a noisy network's noise seed comes from the host RNG."""
+    seed = np.uint32(draw_seed() if self._noisy else 0)
+    return self._greedy_fn(self._client.params, observation, seed)
 
   def observe_first(self, timestep: dm_env.TimeStep) -> None:
     if self._adder is not None:
@@ -232,7 +255,7 @@ class Actor:
     """Compiles the jitted greedy call (the RNG and counters are unchanged)."""
     if not self._batched:
       observation = np.asarray(observation)[None]
-    jax.block_until_ready(self._greedy(self._client.params, observation))
+    jax.block_until_ready(self._greedy_fn(self._client.params, observation, np.uint32(0)))
 
 
 acme_interop.register(Actor, "Actor")

@@ -14,7 +14,7 @@ metrics leave the device once per chunk and the host can print progress,
 as in Stoix's anakin systems; a run of one chunk is one call.
 """
 
-from typing import Any, Callable, Dict, NamedTuple
+from typing import Any, Callable, Dict, NamedTuple, Optional
 
 import chex
 import jax
@@ -120,7 +120,7 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
                 example_transition: Transition, *, num_envs: int, n_step: int, discount: float, min_replay_size: int,
                 env_steps_per_iteration: int, learner_calls_per_iteration: int,
                 eval_episodes: int, eval_epsilon: float = 0.0,
-                reward_clip: float = 0.0) -> Anakin:
+                reward_clip: float = 0.0, eval_policy: Optional[PolicyFn] = None) -> Anakin:
   """Builds the compiled trainer from the kit's pure parts.
 
   Args:
@@ -143,7 +143,10 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
     eval_epsilon: epsilon of the evaluation policy.
     reward_clip: c > 0 clips each env reward to [-c, c] before the n-step
       sum (episode returns stay unclipped), as the local adder does.
+    eval_policy: the evaluation's policy (default `policy`; noisy networks
+      evaluate on their mean weights).
   """
+  eval_policy = eval_policy or policy
   genv, params = env.env, env.params
   obs_spec = env.spec.observations
   obs_shape, obs_dtype = tuple(obs_spec.shape), obs_spec.dtype
@@ -262,7 +265,7 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
     def body(carry):
       observation, env_state, returns, done, t, key = carry
       key, act_key, step_key = jax.random.split(key, 3)
-      action = policy(online_params, act_key, observation, greedy_epsilon)
+      action = eval_policy(online_params, act_key, observation, greedy_epsilon)
       observation, env_state, reward, terminated, truncated, _ = jax.vmap(
           genv.step, in_axes=(0, 0, 0, None))(
               jax.random.split(step_key, eval_episodes), env_state, action, params)

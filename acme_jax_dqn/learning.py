@@ -117,9 +117,18 @@ def make_sgd_step(networks: Networks, loss_fn, optimizer: optax.GradientTransfor
   """
 
   def sgd_step(state: TrainingState, batch: replay_lib.ReplaySample):
-    def loss(online_params):
-      return loss_fn(networks.apply, online_params, state.target_params,
-                     batch.transitions, batch.weights, batch.mask)
+    key = state.key
+    if networks.noisy:  # Fresh noise for the online and the target network at every step.
+      key, online_noise, target_noise = jax.random.split(key, 3)
+
+      def loss(online_params):  # Each network's params travel with its noise key.
+        return loss_fn(lambda params_key, obs: networks.apply(params_key[0], obs, params_key[1]),
+                       (online_params, online_noise), (state.target_params, target_noise),
+                       batch.transitions, batch.weights, batch.mask)
+    else:
+      def loss(online_params):
+        return loss_fn(networks.apply, online_params, state.target_params,
+                       batch.transitions, batch.weights, batch.mask)
 
     (loss_value, extras), grads = jax.value_and_grad(loss, has_aux=True)(
         state.online_params)
@@ -143,7 +152,7 @@ def make_sgd_step(networks: Networks, loss_fn, optimizer: optax.GradientTransfor
                                      steps, state.first_nonfinite_step)
     metrics = {"loss": loss_value, "grad_norm": grad_norm, **extras.metrics,
                "priorities": extras.priorities}
-    new_state = TrainingState(online_params, target_params, opt_state, steps, state.key,
+    new_state = TrainingState(online_params, target_params, opt_state, steps, key,
                               nonfinite_updates, first_nonfinite_step)
     return new_state, metrics
 

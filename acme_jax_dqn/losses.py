@@ -1,4 +1,4 @@
-"""TD losses from rlax for Q-networks and C51 networks, batched with vmap.
+"""TD losses from rlax for Q, C51 and quantile networks, and the Munchausen target, batched with vmap.
 
 A loss is a small frozen dataclass of hyperparameters with a pure `__call__`,
 so DQN and C51 share one learner and differ only in loss and network.
@@ -128,18 +128,116 @@ class CategoricalLoss:
               out_tm1.atoms, out_tm1.logits, batch.action, batch.reward,
               batch.discount, out_t.atoms, out_t.logits)
     loss = _weighted_mean(per_example, weights, mask)
-    # TD error on expected values, reported for comparison with DQN runs.
-    q_tm1 = jax.lax.stop_gradient(out_tm1.q_values)
-    q_t_value = jax.lax.stop_gradient(out_t.q_values)
-    next_action = jnp.argmax(q_t_selector, axis=-1)
-    bootstrap = jnp.take_along_axis(q_t_value, next_action[:, None], axis=-1)[:, 0]
-    q_taken = jnp.take_along_axis(q_tm1, batch.action[:, None], axis=-1)[:, 0]
-    td_error = batch.reward + batch.discount * bootstrap - q_taken
-    metrics = _td_metrics(td_error, q_tm1, mask)
+    td_error = _expected_td_error(out_tm1.q_values, out_t.q_values, q_t_selector, batch)
+    metrics = _td_metrics(td_error, jax.lax.stop_gradient(out_tm1.q_values), mask)
+    next_action = jnp.argmax(jax.lax.stop_gradient(q_t_selector), axis=-1)
     metrics["c51_clipped_mass"] = _clipped_mass(out_t, next_action, batch, mask)
     return loss, LossExtras(td_error=td_error,
                             priorities=jax.lax.stop_gradient(per_example),
                             metrics=metrics)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantileLoss:
+  """QR-DQN's quantile Huber loss (Dabney et al. 2018a), optionally with double Q.
+
+  `rlax.quantile_q_learning` per example: the taken action's quantiles
+  regress toward r + discount * the target quantiles of the greedy next
+  action (by the mean of the quantiles; with `double_q` the online
+  network's). New priorities are the per-example loss.
+
+  Attributes:
+    double_q: select the bootstrap action with the online network.
+    huber_kappa: kappa of the quantile Huber loss (rlax's Huber, without the
+      paper's division by kappa: the same for kappa 1); 0 is the plain
+      quantile (absolute) loss.
+  """
+  double_q: bool = False
+  huber_kappa: float = 1.0
+
+  def __call__(self, apply_fn: ApplyFn, online_params: Params,
+               target_params: Params, batch: Transition,
+               weights: Optional[chex.Array] = None,
+               mask: Optional[chex.Array] = None):
+    """Returns (scalar loss, LossExtras) for a batch of transitions."""
+    chex.assert_rank(batch.action, 1)
+    weights, mask = _defaults(batch, weights, mask)
+    out_tm1 = apply_fn(online_params, batch.observation)
+    out_t = apply_fn(target_params, batch.next_observation)
+    selector = (apply_fn(online_params, batch.next_observation) if self.double_q else out_t)
+    # rlax takes quantiles as [N, A] per example.
+    per_example = jax.vmap(rlax.quantile_q_learning, in_axes=(0, None, 0, 0, 0, 0, 0, None))(
+        jnp.swapaxes(out_tm1.quantiles, 1, 2), out_tm1.taus, batch.action, batch.reward,
+        batch.discount, jnp.swapaxes(selector.quantiles, 1, 2),
+        jnp.swapaxes(out_t.quantiles, 1, 2), self.huber_kappa)
+    loss = _weighted_mean(per_example, weights, mask)
+    td_error = _expected_td_error(out_tm1.q_values, out_t.q_values, selector.q_values, batch)
+    metrics = _td_metrics(td_error, jax.lax.stop_gradient(out_tm1.q_values), mask)
+    return loss, LossExtras(td_error=td_error,
+                            priorities=jax.lax.stop_gradient(per_example), metrics=metrics)
+
+
+@dataclasses.dataclass(frozen=True)
+class MunchausenLoss:
+  """Munchausen DQN (Vieillard et al. 2020): a scaled log-policy bonus and a soft bootstrap.
+
+  With the target network's policy pi = softmax(q_target / tau):
+
+    target = r + alpha * tau * clip(log pi(a|s), l0, 0)
+               + discount * sum_a' pi(a'|s') (q_target(s', a') - tau * log pi(a'|s'))
+
+  and the Huber (or squared) loss of target - q(s, a). With n-step
+  transitions the bonus is the first action's and `r` the n-step return.
+
+  Attributes:
+    alpha: scale of the log-policy bonus (0.9 in the paper).
+    tau: entropy temperature (0.03).
+    clip_min: l0, the lower clip of the log-policy bonus (-1).
+    huber_delta: Huber loss threshold; 0 gives the squared loss.
+  """
+  alpha: float = 0.9
+  tau: float = 0.03
+  clip_min: float = -1.0
+  huber_delta: float = 1.0
+
+  def __call__(self, apply_fn: ApplyFn, online_params: Params,
+               target_params: Params, batch: Transition,
+               weights: Optional[chex.Array] = None,
+               mask: Optional[chex.Array] = None):
+    """Returns (scalar loss, LossExtras) for a batch of transitions."""
+    chex.assert_rank(batch.action, 1)
+    weights, mask = _defaults(batch, weights, mask)
+    q_tm1 = apply_fn(online_params, batch.observation).q_values  # [B, A]
+    q_tm1_target = apply_fn(target_params, batch.observation).q_values  # [B, A]
+    q_t_target = apply_fn(target_params, batch.next_observation).q_values  # [B, A]
+    log_pi_tm1 = jax.nn.log_softmax(q_tm1_target / self.tau, axis=-1)
+    bonus = jnp.take_along_axis(log_pi_tm1, batch.action[:, None], axis=-1)[:, 0]
+    bonus = self.alpha * self.tau * jnp.clip(bonus, self.clip_min, 0.0)
+    log_pi_t = jax.nn.log_softmax(q_t_target / self.tau, axis=-1)
+    soft_value_t = jnp.sum(jnp.exp(log_pi_t) * (q_t_target - self.tau * log_pi_t), axis=-1)
+    target = jax.lax.stop_gradient(batch.reward + bonus + batch.discount * soft_value_t)
+    q_taken = jnp.take_along_axis(q_tm1, batch.action[:, None], axis=-1)[:, 0]
+    td_error = target - q_taken
+    if self.huber_delta > 0:
+      per_example = rlax.huber_loss(td_error, self.huber_delta)
+    else:
+      per_example = rlax.l2_loss(td_error)
+    loss = _weighted_mean(per_example, weights, mask)
+    td_error = jax.lax.stop_gradient(td_error)
+    metrics = _td_metrics(td_error, jax.lax.stop_gradient(q_tm1), mask)
+    metrics["munchausen_bonus_mean"] = jnp.sum(jax.lax.stop_gradient(bonus) * mask) / (
+        jnp.maximum(jnp.sum(mask), 1.0))
+    return loss, LossExtras(td_error=td_error, priorities=jnp.abs(td_error),
+                            metrics=metrics)
+
+
+def _expected_td_error(q_tm1, q_t_value, q_t_selector, batch: Transition) -> chex.Array:
+  """TD error on expected Q-values (what distributional losses report, for comparison)."""
+  q_tm1, q_t_value, q_t_selector = jax.lax.stop_gradient((q_tm1, q_t_value, q_t_selector))
+  next_action = jnp.argmax(q_t_selector, axis=-1)
+  bootstrap = jnp.take_along_axis(q_t_value, next_action[:, None], axis=-1)[:, 0]
+  q_taken = jnp.take_along_axis(q_tm1, batch.action[:, None], axis=-1)[:, 0]
+  return batch.reward + batch.discount * bootstrap - q_taken
 
 
 def _clipped_mass(out_t: NetworkOutput, next_action: chex.Array, batch: Transition,

@@ -1,4 +1,4 @@
-"""Haiku Q-networks: MLP, Nature-DQN and MinAtar conv torsos; Q, dueling, C51 and dueling-C51 heads."""
+"""Haiku Q-networks: MLP, Nature-DQN and MinAtar conv torsos; Q, dueling, C51 and quantile heads."""
 
 from typing import Callable, NamedTuple, Optional, Sequence
 
@@ -17,38 +17,106 @@ MIN_NATURE_CONV_SIZE = 36
 
 
 class NetworkOutput(NamedTuple):
-  """What every head returns: Q-values, plus logits and atoms for C51."""
+  """What every head returns: Q-values, plus logits and atoms for C51, quantiles for QR-DQN."""
   q_values: chex.Array  # [B, A]
   logits: Optional[chex.Array] = None  # [B, A, N] for distributional heads.
   atoms: Optional[chex.Array] = None  # [N] support of the return distribution.
+  quantiles: Optional[chex.Array] = None  # [B, A, N] return quantiles (QR-DQN).
+  taus: Optional[chex.Array] = None  # [N] the quantile fractions of `quantiles`.
 
 
 class Networks(NamedTuple):
-  """A pure Q-network: `init(key) -> params`, `apply(params, obs[B, ...]) -> NetworkOutput`."""
+  """A pure Q-network: `init(key) -> params`, `apply(params, obs[B, ...], noise_key=None)`.
+
+  `apply` returns a NetworkOutput. With `noisy` layers, `noise_key` draws
+  their noise and None gives the mean weights (evaluation); other networks
+  ignore it.
+  """
   init: Callable[[chex.PRNGKey], Params]
-  apply: Callable[[Params, chex.Array], NetworkOutput]
+  apply: Callable[..., NetworkOutput]
   num_actions: int
   distributional: bool
+  noisy: bool = False
+
+
+class NoisyLinear(hk.Module):
+  """A linear layer with factorised Gaussian noise (Fortunato et al. 2018, "Noisy Networks").
+
+  w = mu_w + sigma_w * f(eps_in) f(eps_out)^T and b = mu_b + sigma_b * f(eps_out),
+  f(x) = sign(x) sqrt(|x|), eps ~ N(0, 1) drawn from `hk.next_rng_key()`
+  when `noise` is on; off, the layer uses the mean weights. mu starts
+  uniform in +-1/sqrt(fan_in), sigma at sigma0/sqrt(fan_in).
+  """
+
+  def __init__(self, output_size: int, sigma0: float = 0.5, name: Optional[str] = None):
+    super().__init__(name=name)
+    self._output_size, self._sigma0 = output_size, sigma0
+
+  def __call__(self, x: chex.Array, noise: bool) -> chex.Array:
+    fan_in = x.shape[-1]
+    bound = 1.0 / np.sqrt(fan_in)
+    mu_init = hk.initializers.RandomUniform(-bound, bound)
+    sigma_init = hk.initializers.Constant(self._sigma0 * bound)
+    shape = (fan_in, self._output_size)
+    mu_w = hk.get_parameter("mu_w", shape, x.dtype, init=mu_init)
+    mu_b = hk.get_parameter("mu_b", (self._output_size,), x.dtype, init=mu_init)
+    sigma_w = hk.get_parameter("sigma_w", shape, x.dtype, init=sigma_init)
+    sigma_b = hk.get_parameter("sigma_b", (self._output_size,), x.dtype, init=sigma_init)
+    if not noise:
+      return x @ mu_w + mu_b
+    in_key, out_key = jax.random.split(hk.next_rng_key())
+    scale = lambda e: jnp.sign(e) * jnp.sqrt(jnp.abs(e))  # pylint: disable=unnecessary-lambda-assignment
+    eps_in = scale(jax.random.normal(in_key, (fan_in,), x.dtype))
+    eps_out = scale(jax.random.normal(out_key, (self._output_size,), x.dtype))
+    return x @ (mu_w + sigma_w * jnp.outer(eps_in, eps_out)) + mu_b + sigma_b * eps_out
+
+
+class Dense(NamedTuple):
+  """How a network's linear layers are made: plain, or noisy with noise on or off."""
+  noisy: bool = False
+  noise: bool = False
+  sigma0: float = 0.5
+
+  def __call__(self, size: int, name: Optional[str] = None):
+    if not self.noisy:
+      return hk.Linear(size, name=name)
+    return lambda x: NoisyLinear(size, self.sigma0, name=name)(x, self.noise)
+
+
+def hidden_layers(x: chex.Array, hidden_sizes: Sequence[int], layer_norm: bool,
+                  dense: Dense = Dense()) -> chex.Array:
+  """Linear layers with ReLUs; with `layer_norm`, a LayerNorm before each ReLU (as PQN)."""
+  if not layer_norm and not dense.noisy:
+    return hk.nets.MLP(tuple(hidden_sizes), activate_final=True)(x)
+  for i, size in enumerate(hidden_sizes):
+    x = dense(size, name=f"linear_{i}")(x)
+    if layer_norm:
+      x = hk.LayerNorm(axis=-1, create_scale=True, create_offset=True,
+                       name=f"layer_norm_{i}")(x)
+    x = jax.nn.relu(x)
+  return x
 
 
 class MLPTorso(hk.Module):
   """Flattens a vector observation and applies an MLP with ReLUs."""
 
-  def __init__(self, hidden_sizes: Sequence[int], name: str = "mlp_torso"):
+  def __init__(self, hidden_sizes: Sequence[int], layer_norm: bool = False,
+               dense: Dense = Dense(), name: str = "mlp_torso"):
     super().__init__(name=name)
-    self._hidden_sizes = tuple(hidden_sizes)
+    self._hidden_sizes, self._layer_norm, self._dense = tuple(hidden_sizes), layer_norm, dense
 
   def __call__(self, observation: chex.Array) -> chex.Array:
     x = hk.Flatten()(observation.astype(jnp.float32))
-    return hk.nets.MLP(self._hidden_sizes, activate_final=True)(x)
+    return hidden_layers(x, self._hidden_sizes, self._layer_norm, self._dense)
 
 
 class NatureConvTorso(hk.Module):
   """The conv torso of Mnih et al. 2015 (Nature DQN), then an MLP (512 in the paper)."""
 
-  def __init__(self, hidden_sizes: Sequence[int], name: str = "nature_conv_torso"):
+  def __init__(self, hidden_sizes: Sequence[int], layer_norm: bool = False,
+               dense: Dense = Dense(), name: str = "nature_conv_torso"):
     super().__init__(name=name)
-    self._hidden_sizes = tuple(hidden_sizes)
+    self._hidden_sizes, self._layer_norm, self._dense = tuple(hidden_sizes), layer_norm, dense
 
   def __call__(self, observation: chex.Array) -> chex.Array:
     x = observation.astype(jnp.float32)
@@ -58,8 +126,7 @@ class NatureConvTorso(hk.Module):
     x = jax.nn.relu(hk.Conv2D(32, kernel_shape=8, stride=4, padding="VALID")(x))
     x = jax.nn.relu(hk.Conv2D(64, kernel_shape=4, stride=2, padding="VALID")(x))
     x = jax.nn.relu(hk.Conv2D(64, kernel_shape=3, stride=1, padding="VALID")(x))
-    x = hk.Flatten()(x)
-    return hk.nets.MLP(self._hidden_sizes, activate_final=True)(x)
+    return hidden_layers(hk.Flatten()(x), self._hidden_sizes, self._layer_norm, self._dense)
 
 
 class PatchConv2D(hk.Module):
@@ -107,36 +174,37 @@ class PatchConv2D(hk.Module):
 class MinAtarConvTorso(hk.Module):
   """The torso of Young & Tian 2019 (MinAtar): one 3x3 conv of 16 filters, stride 1, then an MLP (128)."""
 
-  def __init__(self, hidden_sizes: Sequence[int], name: str = "minatar_conv_torso"):
+  def __init__(self, hidden_sizes: Sequence[int], layer_norm: bool = False,
+               dense: Dense = Dense(), name: str = "minatar_conv_torso"):
     super().__init__(name=name)
-    self._hidden_sizes = tuple(hidden_sizes)
+    self._hidden_sizes, self._layer_norm, self._dense = tuple(hidden_sizes), layer_norm, dense
 
   def __call__(self, observation: chex.Array) -> chex.Array:
     x = jax.nn.relu(PatchConv2D(16, kernel_size=3)(observation.astype(jnp.float32)))
-    return hk.nets.MLP(self._hidden_sizes, activate_final=True)(hk.Flatten()(x))
+    return hidden_layers(hk.Flatten()(x), self._hidden_sizes, self._layer_norm, self._dense)
 
 
 class QHead(hk.Module):
   """A linear layer to one Q-value per action."""
 
-  def __init__(self, num_actions: int, name: str = "q_head"):
+  def __init__(self, num_actions: int, dense: Dense = Dense(), name: str = "q_head"):
     super().__init__(name=name)
-    self._num_actions = num_actions
+    self._num_actions, self._dense = num_actions, dense
 
   def __call__(self, features: chex.Array) -> NetworkOutput:
-    return NetworkOutput(q_values=hk.Linear(self._num_actions)(features))
+    return NetworkOutput(q_values=self._dense(self._num_actions, name="linear")(features))
 
 
 class DuelingHead(hk.Module):
   """Q = V + A - mean_a A (Wang et al. 2016, "Dueling Network Architectures")."""
 
-  def __init__(self, num_actions: int, name: str = "dueling_head"):
+  def __init__(self, num_actions: int, dense: Dense = Dense(), name: str = "dueling_head"):
     super().__init__(name=name)
-    self._num_actions = num_actions
+    self._num_actions, self._dense = num_actions, dense
 
   def __call__(self, features: chex.Array) -> NetworkOutput:
-    value = hk.Linear(1, name="value")(features)  # [B, 1]
-    advantages = hk.Linear(self._num_actions, name="advantages")(features)  # [B, A]
+    value = self._dense(1, name="value")(features)  # [B, 1]
+    advantages = self._dense(self._num_actions, name="advantages")(features)  # [B, A]
     advantages -= jnp.mean(advantages, axis=-1, keepdims=True)
     return NetworkOutput(q_values=value + advantages)
 
@@ -149,8 +217,10 @@ class CategoricalHead(hk.Module):
   """
 
   def __init__(self, num_actions: int, num_atoms: int, v_min: float,
-               v_max: float, dueling: bool = False, name: str = "c51_head"):
+               v_max: float, dueling: bool = False, dense: Dense = Dense(),
+               name: str = "c51_head"):
     super().__init__(name=name)
+    self._dense = dense
     self._num_actions = num_actions
     self._num_atoms = num_atoms
     self._v_min = v_min
@@ -160,14 +230,41 @@ class CategoricalHead(hk.Module):
   def __call__(self, features: chex.Array) -> NetworkOutput:
     num_actions, num_atoms = self._num_actions, self._num_atoms
     batch_size = features.shape[0]
-    advantages = hk.Linear(num_actions * num_atoms, name="advantages")(features)
+    advantages = self._dense(num_actions * num_atoms, name="advantages")(features)
     logits = advantages.reshape(batch_size, num_actions, num_atoms)  # [B, A, N]
     if self._dueling:
-      value = hk.Linear(num_atoms, name="value")(features)[:, None, :]  # [B, 1, N]
+      value = self._dense(num_atoms, name="value")(features)[:, None, :]  # [B, 1, N]
       logits = value + logits - jnp.mean(logits, axis=1, keepdims=True)
     atoms = jnp.linspace(self._v_min, self._v_max, num_atoms)  # [N]
     q_values = jnp.sum(jax.nn.softmax(logits, axis=-1) * atoms, axis=-1)  # [B, A]
     return NetworkOutput(q_values=q_values, logits=logits, atoms=atoms)
+
+
+class QuantileHead(hk.Module):
+  """`num_quantiles` return quantiles per action at fractions (2i + 1) / 2N (QR-DQN).
+
+  Dabney et al. 2018a, "Distributional RL with Quantile Regression". With
+  `dueling=True` value and advantage streams combine per quantile,
+  quantiles = V + A - mean_a A. Q-values are the quantiles' mean.
+  """
+
+  def __init__(self, num_actions: int, num_quantiles: int, dueling: bool = False,
+               dense: Dense = Dense(), name: str = "quantile_head"):
+    super().__init__(name=name)
+    self._num_actions, self._num_quantiles, self._dueling = num_actions, num_quantiles, dueling
+    self._dense = dense
+
+  def __call__(self, features: chex.Array) -> NetworkOutput:
+    num_actions, num_quantiles = self._num_actions, self._num_quantiles
+    batch_size = features.shape[0]
+    advantages = self._dense(num_actions * num_quantiles, name="advantages")(features)
+    quantiles = advantages.reshape(batch_size, num_actions, num_quantiles)  # [B, A, N]
+    if self._dueling:
+      value = self._dense(num_quantiles, name="value")(features)[:, None, :]  # [B, 1, N]
+      quantiles = value + quantiles - jnp.mean(quantiles, axis=1, keepdims=True)
+    taus = (jnp.arange(num_quantiles, dtype=jnp.float32) + 0.5) / num_quantiles  # [N]
+    return NetworkOutput(q_values=jnp.mean(quantiles, axis=-1), quantiles=quantiles,
+                         taus=taus)
 
 
 def choose_torso(observation_shape: Sequence[int], torso: str) -> str:
@@ -224,6 +321,12 @@ def make_networks(
     v_min: float = -10.0,
     v_max: float = 10.0,
     torso: str = "auto",
+    quantile: bool = False,
+    num_quantiles: int = 200,
+    layer_norm: bool = False,
+    noisy: bool = False,
+    noisy_torso: bool = False,
+    noisy_sigma0: float = 0.5,
     env_name: str = "",
 ) -> Networks:
   """Builds the Q-network for an environment spec.
@@ -238,6 +341,12 @@ def make_networks(
     v_max: highest atom.
     torso: "auto" (MLP for vectors, Nature conv for images of 36x36 or more,
       MinAtar conv for smaller ones), "mlp", "nature_conv" or "minatar_conv".
+    quantile: use a QR-DQN head with `num_quantiles` quantiles per action.
+    num_quantiles: quantiles per action of the QR-DQN head.
+    layer_norm: a LayerNorm before each hidden ReLU of the torso's MLP.
+    noisy: factorised Gaussian noisy layers (`NoisyLinear`) in the head.
+    noisy_torso: noisy layers in the torso's MLP too (with `noisy`).
+    noisy_sigma0: sigma0 of the noisy layers (0.5 in the paper).
     env_name: used in error messages only.
 
   Returns:
@@ -249,21 +358,31 @@ def make_networks(
   torso_cls = {"mlp": MLPTorso, "nature_conv": NatureConvTorso,
                "minatar_conv": MinAtarConvTorso}[torso_name]
 
-  def forward(observation: chex.Array) -> NetworkOutput:
-    features = torso_cls(hidden_sizes)(observation)
+  def forward(observation: chex.Array, noise: bool = False) -> NetworkOutput:
+    head_dense = Dense(noisy=noisy, noise=noise, sigma0=noisy_sigma0)
+    torso_dense = head_dense if noisy_torso else Dense()
+    features = torso_cls(hidden_sizes, layer_norm, torso_dense)(observation)
+    if quantile:
+      return QuantileHead(num_actions, num_quantiles, dueling=dueling, dense=head_dense)(features)
     if distributional:
       return CategoricalHead(num_actions, num_atoms, v_min, v_max,
-                             dueling=dueling)(features)
+                             dueling=dueling, dense=head_dense)(features)
     if dueling:
-      return DuelingHead(num_actions)(features)
-    return QHead(num_actions)(features)
+      return DuelingHead(num_actions, head_dense)(features)
+    return QHead(num_actions, head_dense)(features)
 
-  transformed = hk.without_apply_rng(hk.transform(forward))
+  transformed = hk.transform(forward)
   dummy_observation = np.zeros((1, *observation_shape),
                                dtype=spec.observations.dtype)
 
   def init(key: chex.PRNGKey) -> Params:
     return transformed.init(key, dummy_observation)
 
-  return Networks(init=init, apply=transformed.apply, num_actions=num_actions,
-                  distributional=distributional)
+  def apply(params: Params, observation: chex.Array,
+            noise_key: Optional[chex.PRNGKey] = None) -> NetworkOutput:
+    if noisy and noise_key is not None:
+      return transformed.apply(params, noise_key, observation, True)
+    return transformed.apply(params, None, observation)
+
+  return Networks(init=init, apply=apply, num_actions=num_actions,
+                  distributional=distributional, noisy=noisy)

@@ -112,7 +112,15 @@ def config_from_flags(argv=None) -> DQNConfig:
   line, for `check_contradictions`.
   """
   check_contradictions(argv)
-  return DQNConfig(**_values(DQNConfig))
+  values = _values(DQNConfig)
+  if values["noisy"]:  # Noisy nets explore by their noise: no epsilon unless one is asked for.
+    import sys  # pylint: disable=import-outside-toplevel
+    explicit = command_line_flag_names(sys.argv if argv is None else argv)
+    for name in ("epsilon_start", "epsilon_end"):
+      # A flagfile's epsilon gives way to --noisy written on the command line.
+      if not FLAGS[name].present or ("noisy" in explicit and name not in explicit):
+        values[name] = 0.0
+  return DQNConfig(**values)
 
 
 def experiment_from_flags() -> ExperimentConfig:

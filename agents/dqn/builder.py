@@ -40,12 +40,20 @@ class DQNBuilder:
     return networks_lib.make_networks(
         spec, hidden_sizes=c.hidden_sizes, dueling=c.dueling,
         distributional=c.distributional, num_atoms=c.num_atoms,
-        v_min=c.v_min, v_max=c.v_max, torso=c.torso, env_name=env_name)
+        v_min=c.v_min, v_max=c.v_max, torso=c.torso, quantile=c.quantile,
+        num_quantiles=c.num_quantiles, layer_norm=c.layer_norm, noisy=c.noisy,
+        noisy_torso=c.noisy_torso, noisy_sigma0=c.noisy_sigma0, env_name=env_name)
 
   def make_loss(self):
+    """The variant's loss object: C51, QR-DQN, Munchausen or (double) Q-learning."""
     c = self.config
     if c.distributional:
       return losses.CategoricalLoss(double_q=c.double_q)
+    if c.quantile:
+      return losses.QuantileLoss(double_q=c.double_q, huber_kappa=c.quantile_huber_kappa)
+    if c.munchausen:
+      return losses.MunchausenLoss(alpha=c.munchausen_alpha, tau=c.munchausen_tau,
+                                   clip_min=c.munchausen_clip, huber_delta=c.huber_delta)
     return losses.QLearningLoss(double_q=c.double_q, huber_delta=c.huber_delta)
 
   def make_optimizer(self) -> optax.GradientTransformation:
@@ -121,8 +129,10 @@ class DQNBuilder:
         rate_limiting.error_buffer(c.samples_per_learner_step, c.samples_per_insert,
                                    num_actors, insert_batch))
 
-  def make_policy(self, networks: networks_lib.Networks) -> actors.PolicyFn:
-    return actors.make_epsilon_greedy_policy(networks)
+  def make_policy(self, networks: networks_lib.Networks,
+                  evaluation: bool = False) -> actors.PolicyFn:
+    """The pure epsilon-greedy policy (noisy networks: noise per call unless `evaluation`)."""
+    return actors.make_epsilon_greedy_policy(networks, evaluation)
 
   def make_epsilon_schedule(self, evaluation: bool = False, num_envs: int = 1,
                             actor_index: int = 0, num_actors: int = 1):
@@ -162,7 +172,8 @@ class DQNBuilder:
         self.example_transition(env.spec), num_envs=c.num_envs, n_step=c.n_step, discount=c.discount,
         min_replay_size=c.min_replay_size, env_steps_per_iteration=env_steps,
         learner_calls_per_iteration=learner_calls, eval_episodes=eval_episodes,
-        eval_epsilon=c.eval_epsilon, reward_clip=c.reward_clip)
+        eval_epsilon=c.eval_epsilon, reward_clip=c.reward_clip,
+        eval_policy=self.make_policy(networks, evaluation=True))
 
   # Objects for Python-driven loops.
   def example_transition(self, spec: specs.EnvironmentSpec) -> Transition:
@@ -212,5 +223,5 @@ class DQNBuilder:
     period = 1 if evaluation else self.config.variable_update_period
     client = actors.VariableClient(variable_source, "policy", period)
     epsilon_fn = self.make_epsilon_schedule(evaluation, num_envs or 1, actor_index, num_actors)
-    return actors.Actor(actors.make_greedy_policy(networks), epsilon_fn, client, key,
+    return actors.Actor(actors.make_greedy_policy(networks, evaluation), epsilon_fn, client, key,
                         networks.num_actions, adder=adder, num_envs=num_envs)

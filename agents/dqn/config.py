@@ -21,6 +21,17 @@ class DQNConfig:
     num_atoms: atoms of the C51 return distribution (51 in the paper).
     v_min: lowest atom of the C51 support.
     v_max: highest atom of the C51 support.
+    quantile: QR-DQN quantile head and quantile Huber loss (Dabney et al. 2018a); double_q and dueling compose with it.
+    num_quantiles: quantiles per action of the QR-DQN head (200 in the paper).
+    quantile_huber_kappa: kappa of the quantile Huber loss (1 in the paper); 0 is the plain quantile loss.
+    munchausen: Munchausen DQN's target (Vieillard et al. 2020): a scaled, clipped log-policy bonus and a soft (entropy-regularised) bootstrap.
+    munchausen_alpha: scale of the log-policy bonus (0.9 in the paper).
+    munchausen_tau: entropy temperature of the softmax policy (0.03 in the paper).
+    munchausen_clip: l0, the lower clip of the log-policy bonus (-1 in the paper).
+    layer_norm: a LayerNorm before each hidden ReLU of the torso's MLP (any variant).
+    noisy: factorised Gaussian noisy layers in the head (Fortunato et al. 2018): fresh noise per learner step (online and target apart) and per acting step, mean weights at evaluation. On the command line it sets epsilon_start and epsilon_end to 0 unless they are given.
+    noisy_torso: noisy layers in the torso's MLP too (with noisy).
+    noisy_sigma0: sigma0 of the noisy layers' initial noise scale, sigma0 / sqrt(fan_in) (0.5 in the paper).
     hidden_sizes: MLP layer sizes (after the convolutions for image torsos).
     torso: "auto" (MLP for vectors, Nature conv for images, MinAtar conv for images under 36x36), "mlp", "nature_conv" or "minatar_conv".
     huber_delta: Huber loss threshold; 0 uses the squared loss 0.5 * td**2.
@@ -63,6 +74,17 @@ class DQNConfig:
   num_atoms: int = 51
   v_min: float = -10.0
   v_max: float = 10.0
+  quantile: bool = False
+  num_quantiles: int = 200
+  quantile_huber_kappa: float = 1.0
+  munchausen: bool = False
+  munchausen_alpha: float = 0.9
+  munchausen_tau: float = 0.03
+  munchausen_clip: float = -1.0
+  layer_norm: bool = False
+  noisy: bool = False
+  noisy_torso: bool = False
+  noisy_sigma0: float = 0.5
   hidden_sizes: Tuple[int, ...] = (256, 256)
   torso: str = "auto"
   huber_delta: float = 1.0
@@ -152,7 +174,7 @@ def _check(c: DQNConfig) -> None:
       fail(field.name, value, "must be a finite number.")
   at_least_one = ("n_step", "batch_size", "replay_capacity", "min_replay_size",
                   "target_update_period", "num_envs", "num_sgd_steps_per_step",
-                  "gradient_accumulation_steps", "variable_update_period")
+                  "gradient_accumulation_steps", "variable_update_period", "num_quantiles")
   for name in at_least_one:
     value = getattr(c, name)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -207,6 +229,28 @@ def _check(c: DQNConfig) -> None:
   if c.distributional and c.num_atoms < 2:
     fail("num_atoms", c.num_atoms, "C51 (`distributional`) needs at least 2 atoms "
           "(51 in the paper); use `distributional`=False for a plain Q head.")
+  if c.quantile_huber_kappa < 0:
+    fail("quantile_huber_kappa", c.quantile_huber_kappa, "must be 0 (the plain quantile "
+         "loss) or positive (1 in the paper).")
+  if not 0.0 <= c.munchausen_alpha <= 1.0:
+    fail("munchausen_alpha", c.munchausen_alpha, "must lie in [0, 1] (0.9 in the paper).")
+  if not c.munchausen_tau > 0:
+    fail("munchausen_tau", c.munchausen_tau, "must be positive (0.03 in the paper).")
+  if not c.munchausen_clip < 0:
+    fail("munchausen_clip", c.munchausen_clip, "must be negative (-1 in the paper): the "
+         "log-policy bonus is clipped to [munchausen_clip, 0].")
+  if not c.noisy_sigma0 > 0:
+    fail("noisy_sigma0", c.noisy_sigma0, "must be positive (0.5 in the paper).")
+  if c.noisy_torso and not c.noisy:
+    fail("noisy_torso", True, "puts noisy layers in the torso as well as the head: it "
+         "needs `noisy`=True.")
+  if c.quantile and c.distributional:
+    fail("quantile", True, "QR-DQN's quantile head and C51's categorical head are two "
+         "distributional heads: set one of `quantile` and `distributional`.")
+  if c.munchausen and (c.distributional or c.quantile or c.double_q):
+    other = "distributional" if c.distributional else "quantile" if c.quantile else "double_q"
+    fail("munchausen", True, f"Munchausen DQN's soft target works on Q-values with its own "
+         f"bootstrap (no greedy action), so it does not combine with `{other}`; drop one.")
   if c.min_replay_size > c.replay_capacity:
     fail("min_replay_size", c.min_replay_size,
           f"is above `replay_capacity`={c.replay_capacity}, so learning would "

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from acme_jax_dqn import actors
-from tests.fakes import fixed_networks
+from tests.fakes import FakeEnvironment, fixed_networks
 
 
 def test_linear_epsilon_schedule_at_chosen_steps_on_host_and_in_jit():
@@ -144,3 +144,25 @@ def test_epsilon_decay_spans_the_runs_env_steps_over_all_actors():
   # One of 4 actors at its own step 125 is at run step ~500: halfway.
   actor = builder.make_epsilon_schedule(actor_index=2, num_actors=4)
   assert actor(125) == pytest.approx(0.55) and actor(250) == pytest.approx(0.1)
+
+
+def test_noisy_policies_draw_noise_when_acting_and_use_mean_weights_to_evaluate():
+  from acme_jax_dqn import networks as networks_lib  # pylint: disable=import-outside-toplevel
+  from acme_jax_dqn import specs  # pylint: disable=import-outside-toplevel
+  nets = networks_lib.make_networks(
+      specs.make_environment_spec(FakeEnvironment(obs_dim=4, num_actions=6)),
+      hidden_sizes=(16,), noisy=True, noisy_sigma0=5.0)  # Large noise: actions change.
+  params = nets.init(jax.random.PRNGKey(0))
+  obs = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+  mean_actions = np.argmax(nets.apply(params, obs).q_values, axis=-1)
+  evaluate = actors.make_greedy_policy(nets, evaluation=True)
+  act = actors.make_greedy_policy(nets)
+  for seed in (1, 2):
+    np.testing.assert_array_equal(evaluate(params, obs, np.uint32(seed)), mean_actions)
+  np.testing.assert_array_equal(act(params, obs, np.uint32(1)), act(params, obs, np.uint32(1)))
+  assert not np.array_equal(act(params, obs, np.uint32(1)), act(params, obs, np.uint32(2)))
+  policy = actors.make_epsilon_greedy_policy(nets)
+  eval_policy = actors.make_epsilon_greedy_policy(nets, evaluation=True)
+  key = jax.random.PRNGKey(7)
+  np.testing.assert_array_equal(eval_policy(params, key, obs, 0.0), mean_actions)
+  assert not np.array_equal(policy(params, key, obs, 0.0), mean_actions)

@@ -266,3 +266,31 @@ def test_nonfinite_items_get_priority_zero_in_prioritized_replay():
   for _ in range(30):  # Priority 0: never drawn again, so no more skipped updates.
     state, buffer, _ = learner_step(state, buffer)
   assert int(state.nonfinite_updates) == 1
+
+
+def test_noisy_networks_draw_fresh_online_and_target_noise_each_sgd_step():
+  """The loss sees the online and the target network each with its own noise, new every step."""
+  config = DQNConfig(hidden_sizes=(8,), batch_size=4, noisy=True)
+  spec = specs.make_environment_spec(FakeEnvironment(obs_dim=3, num_actions=2))
+  builder = DQNBuilder(config)
+  networks = builder.make_networks(spec)
+  keys_seen = []
+
+  def recording_loss(apply_fn, online, target, batch, weights, mask):
+    keys_seen.append((online[1], target[1]))  # Each network's params travel with its key.
+    return builder.make_loss()(apply_fn, online, target, batch, weights, mask)
+
+  sgd_step = learning.make_sgd_step(networks, recording_loss, builder.make_optimizer(), 1, 1.0)
+  state = learning.init_training_state(networks, builder.make_optimizer(),
+                                       jax.random.PRNGKey(0))
+  state_1, metrics = sgd_step(state, _batch(1.0))
+  sgd_step(state_1, _batch(1.0))
+  (online_1, target_1), (online_2, target_2) = keys_seen
+  assert np.isfinite(float(metrics["loss"]))
+  assert not np.array_equal(online_1, target_1)  # Online and target apart.
+  assert not np.array_equal(online_1, online_2)  # New noise at the next step.
+  assert not np.array_equal(state.key, state_1.key)
+  # Without noisy layers the step leaves the key to the sampler (unchanged).
+  plain = DQNConfig(hidden_sizes=(8,), batch_size=4)
+  _, _, plain_step, plain_state = _builder_pieces(plain)
+  np.testing.assert_array_equal(plain_step(plain_state, _batch(1.0))[0].key, plain_state.key)

@@ -159,3 +159,81 @@ def test_clipped_mass_is_one_when_the_support_cannot_reach_the_returns():
                                         batch._replace(reward=np.zeros(B, np.float32)))
   # Rewards 0 and discounts <= 0.99: every target stays inside [-3, 3].
   assert float(fitting.metrics["c51_clipped_mass"]) == 0.0
+
+
+def _quantile_apply(params, observation):
+  """A linear quantile network: [B, D] @ [D, A * N] -> quantiles [B, A, N] at fractions (2i+1)/2N."""
+  quantiles = (observation @ params["w"]).reshape(observation.shape[0], A, N)
+  taus = (jnp.arange(N) + 0.5) / N
+  return NetworkOutput(q_values=quantiles.mean(-1), quantiles=quantiles, taus=taus)
+
+
+def _quantile_huber_by_hand(theta, taus, targets, kappa):
+  """Dabney et al. 2018a, eq. 10 (with rlax's Huber scale): sum_i mean_j rho_tau_i(T_j - theta_i)."""
+  total = 0.0
+  for i in range(len(theta)):
+    for target in targets:
+      u = target - theta[i]
+      if kappa > 0:
+        huber = 0.5 * u * u if abs(u) <= kappa else kappa * (abs(u) - 0.5 * kappa)
+      else:
+        huber = abs(u)
+      total += abs(taus[i] - (1.0 if u < 0 else 0.0)) * huber / len(targets)
+  return total
+
+
+@pytest.mark.parametrize("double_q", [False, True])
+@pytest.mark.parametrize("kappa", [0.0, 1.0, 2.0])
+def test_quantile_loss_is_the_papers_quantile_huber_loss_by_brute_force(double_q, kappa):
+  rng = np.random.default_rng(3)
+  batch = _batch(rng)
+  online = {"w": jnp.asarray(rng.normal(size=(5, A * N)).astype(np.float32))}
+  target = {"w": jnp.asarray(rng.normal(size=(5, A * N)).astype(np.float32))}
+  weights = rng.uniform(0.1, 1.0, size=B).astype(np.float32)
+  mask = (rng.uniform(size=B) > 0.3).astype(np.float32)
+  loss, extras = jax.jit(losses.QuantileLoss(double_q=double_q, huber_kappa=kappa),
+                         static_argnums=0)(_quantile_apply, online, target, batch, weights, mask)
+  taus = (np.arange(N) + 0.5) / N
+  terms = []
+  for i in range(B):
+    theta = (batch.observation[i] @ np.asarray(online["w"])).reshape(A, N)
+    theta_t = (batch.next_observation[i] @ np.asarray(target["w"])).reshape(A, N)
+    selector = (batch.next_observation[i] @ np.asarray(online["w"])).reshape(A, N) \
+        if double_q else theta_t
+    next_action = int(np.argmax(selector.mean(-1)))
+    targets = batch.reward[i] + batch.discount[i] * theta_t[next_action]
+    terms.append(_quantile_huber_by_hand(theta[batch.action[i]], taus, targets, kappa))
+  terms = np.asarray(terms)
+  np.testing.assert_allclose(extras.priorities, terms, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(loss, np.sum(weights * mask * terms) / np.sum(mask), rtol=1e-4)
+
+
+@pytest.mark.parametrize("huber_delta", [0.0, 1.0])
+def test_munchausen_target_by_hand(huber_delta):
+  """Vieillard et al. 2020, eq. 4, with the target network's softmax policy, element by element."""
+  rng = np.random.default_rng(4)
+  batch, online, target = _batch(rng), _params(rng), _params(rng)
+  alpha, tau, l0 = 0.9, 0.03, -1.0
+  loss_fn = losses.MunchausenLoss(alpha=alpha, tau=tau, clip_min=l0, huber_delta=huber_delta)
+  loss, extras = jax.jit(loss_fn, static_argnums=0)(_linear_apply, online, target, batch)
+  w_online, w_target = np.asarray(online["w"], np.float64), np.asarray(target["w"], np.float64)
+  expected_td, terms = [], []
+  for i in range(B):
+    q_s_target = batch.observation[i] @ w_target
+    q_next_target = batch.next_observation[i] @ w_target
+
+    def log_policy(q):
+      z = q / tau
+      return z - (np.max(z) + np.log(np.sum(np.exp(z - np.max(z)))))
+
+    bonus = alpha * tau * min(max(log_policy(q_s_target)[batch.action[i]], l0), 0.0)
+    pi_next, log_pi_next = np.exp(log_policy(q_next_target)), log_policy(q_next_target)
+    soft_value = sum(pi_next[b] * (q_next_target[b] - tau * log_pi_next[b]) for b in range(A))
+    td = (batch.reward[i] + bonus + batch.discount[i] * soft_value
+          - (batch.observation[i] @ w_online)[batch.action[i]])
+    expected_td.append(td)
+    terms.append(0.5 * td * td if huber_delta == 0 or abs(td) <= huber_delta
+                 else huber_delta * (abs(td) - 0.5 * huber_delta))
+  np.testing.assert_allclose(extras.td_error, expected_td, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(loss, np.mean(terms), rtol=1e-4)
+  assert float(extras.metrics["munchausen_bonus_mean"]) <= 0.0  # log pi <= 0, clipped at l0.

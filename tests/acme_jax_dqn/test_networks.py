@@ -94,3 +94,93 @@ def test_patch_conv_is_haikus_valid_conv_in_params_outputs_and_gradients(
   grads, ref_grads = jax.grad(loss(ours))(params), jax.grad(loss(ref))(params)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3),
                grads, ref_grads)
+
+
+@pytest.mark.parametrize("dueling", [False, True])
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_quantile_head_gives_quantiles_at_the_midpoint_fractions(dueling, layer_norm):
+  nets = networks.make_networks(_spec(num_actions=4, obs_dim=3), hidden_sizes=(8, 8),
+                                dueling=dueling, quantile=True, num_quantiles=6,
+                                layer_norm=layer_norm)
+  params = nets.init(jax.random.PRNGKey(0))
+  out = nets.apply(params, np.ones((2, 3), np.float32))
+  assert out.quantiles.shape == (2, 4, 6) and out.q_values.shape == (2, 4)
+  np.testing.assert_allclose(out.taus, (np.arange(6) + 0.5) / 6, rtol=1e-6)
+  np.testing.assert_allclose(out.q_values, out.quantiles.mean(-1), rtol=1e-5, atol=1e-6)
+  assert ("quantile_head/value" in params) == dueling
+  assert any("layer_norm" in name for name in params) == layer_norm
+
+
+@pytest.mark.parametrize("obs_shape, torso", [((3,), "mlp"), ((10, 10, 4), "minatar_conv"),
+                                              ((84, 84, 4), "nature_conv")])
+@pytest.mark.parametrize("head", ["q", "dueling", "c51", "dueling_c51", "quantile",
+                                  "dueling_quantile"])
+def test_every_head_on_every_torso_from_the_spec(obs_shape, torso, head):
+  nets = networks.make_networks(_spec(num_actions=5, obs_shape=obs_shape), hidden_sizes=(16,), dueling="dueling" in head,
+                                distributional="c51" in head, num_atoms=7,
+                                quantile="quantile" in head, num_quantiles=9,
+                                layer_norm=True)
+  params = nets.init(jax.random.PRNGKey(0))
+  assert any(name.startswith(f"{torso}_torso") for name in params)
+  out = nets.apply(params, np.zeros((2, *obs_shape), np.float32))
+  assert out.q_values.shape == (2, 5)
+  if "c51" in head:
+    assert out.logits.shape == (2, 5, 7)
+  if "quantile" in head:
+    assert out.quantiles.shape == (2, 5, 9)
+
+
+def _noisy_layer(fan_in=6, size=5, sigma0=0.5):
+  layer = hk.transform(lambda x, noise: networks.NoisyLinear(size, sigma0, name="noisy")(x, noise))
+  x = np.ones((1, fan_in), np.float32)
+  return layer, layer.init(jax.random.PRNGKey(0), x, True), x
+
+
+def test_noisy_linear_starts_at_the_papers_scales_and_evaluates_on_its_mean_weights():
+  layer, params, x = _noisy_layer(fan_in=6, size=5, sigma0=0.5)
+  p = params["noisy"]
+  bound = 1 / np.sqrt(6)
+  assert np.all(np.abs(p["mu_w"]) <= bound) and np.all(np.abs(p["mu_b"]) <= bound)
+  np.testing.assert_allclose(p["sigma_w"], 0.5 * bound, rtol=1e-6)
+  np.testing.assert_allclose(p["sigma_b"], 0.5 * bound, rtol=1e-6)
+  x = np.random.default_rng(0).normal(size=(3, 6)).astype(np.float32)
+  mean_out = layer.apply(params, None, x, False)
+  np.testing.assert_allclose(mean_out, x @ p["mu_w"] + p["mu_b"], rtol=1e-5, atol=1e-6)
+  noisy_a = layer.apply(params, jax.random.PRNGKey(1), x, True)
+  np.testing.assert_array_equal(noisy_a, layer.apply(params, jax.random.PRNGKey(1), x, True))
+  assert not np.allclose(noisy_a, layer.apply(params, jax.random.PRNGKey(2), x, True))
+  assert not np.allclose(noisy_a, mean_out)
+
+
+def test_noisy_linear_noise_is_factorised_with_the_papers_statistics():
+  """w - mu_w = sigma_w * f(e_in) f(e_out)^T and b - mu_b = sigma_b * f(e_out), f(e) = sgn(e) sqrt|e|."""
+  layer, params, _ = _noisy_layer(fan_in=4, size=3)
+  unit = {"noisy": {"mu_w": np.zeros((4, 3), np.float32), "mu_b": np.zeros(3, np.float32),
+                    "sigma_w": np.ones((4, 3), np.float32), "sigma_b": np.ones(3, np.float32)}}
+  eye = np.eye(4, dtype=np.float32)
+  samples = []
+  for seed in range(3000):
+    key = jax.random.PRNGKey(seed)
+    bias = np.asarray(layer.apply(unit, key, np.zeros((1, 4), np.float32), True))[0]
+    weights = np.asarray(layer.apply(unit, key, eye, True)) - bias  # Row i: w[i, :].
+    if seed == 0:  # Rank one, and its column factor is the bias noise.
+      ratio = weights / bias[None, :]
+      np.testing.assert_allclose(ratio, np.repeat(ratio[:, :1], 3, axis=1), rtol=1e-4)
+    samples.append(weights.ravel())
+  samples = np.asarray(samples)
+  # E f(e) = 0 and E f(e)^2 = E|e| = sqrt(2 / pi), so each weight's noise has variance 2 / pi.
+  assert np.all(np.abs(samples.mean(0)) < 0.06)
+  np.testing.assert_allclose(samples.var(0), 2 / np.pi, rtol=0.1)
+
+
+def test_noisy_networks_draw_noise_only_with_a_key_in_head_and_optionally_torso():
+  for noisy_torso in (False, True):
+    nets = networks.make_networks(_spec(num_actions=3, obs_dim=4), hidden_sizes=(8,),
+                                  dueling=True, noisy=True, noisy_torso=noisy_torso)
+    params = nets.init(jax.random.PRNGKey(0))
+    assert nets.noisy and ("sigma_w" in params["dueling_head/value"])
+    assert ("sigma_w" in params.get("mlp_torso/linear_0", {})) == noisy_torso
+    obs = np.ones((2, 4), np.float32)
+    np.testing.assert_array_equal(nets.apply(params, obs).q_values, nets.apply(params, obs).q_values)
+    assert not np.allclose(nets.apply(params, obs, jax.random.PRNGKey(3)).q_values,
+                           nets.apply(params, obs).q_values)

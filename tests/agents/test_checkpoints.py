@@ -38,6 +38,16 @@ STRUCTURE_CASES = [
                                             "learning_rate_decay_steps": 1000},
      ["learning_rate_decay_steps"]),
     ({}, {"gradient_accumulation_steps": 2}, ["gradient_accumulation_steps"]),
+    ({}, {"munchausen": True, "munchausen_tau": 0.1}, []),  # A loss: the same state.
+    ({"quantile": True, "num_quantiles": 8}, {"quantile": True, "num_quantiles": 8,
+                                              "quantile_huber_kappa": 0.0}, []),
+    ({"noisy": True}, {"noisy": True, "noisy_sigma0": 0.1}, []),  # Only the init differs.
+    ({}, {"quantile": True, "num_quantiles": 8}, ["quantile"]),
+    ({"quantile": True, "num_quantiles": 8}, {"quantile": True, "num_quantiles": 16},
+     ["num_quantiles"]),
+    ({}, {"layer_norm": True}, ["layer_norm"]),
+    ({}, {"noisy": True}, ["noisy"]),
+    ({"noisy": True}, {"noisy": True, "noisy_torso": True}, ["noisy_torso"]),
 ]
 
 

@@ -162,3 +162,25 @@ def test_the_distributed_cartpole_preset_learns(tmp_path):
   summary = json.loads((logdir / "summary.json").read_text())
   assert summary["env_steps"] >= 12000 and summary["learner_steps"] > 5000
   assert summary["eval_return_mean"] > 5 * 22.0, summary["eval_return_mean"]  # Random: ~22.
+
+
+def test_the_newer_variants_run_as_distributed_programs(tmp_path):
+  """QR-DQN and noisy nets (one run) and Munchausen with LayerNorm run on the Ray nodes."""
+  variants = {"qr_noisy": ("--quantile", "--num_quantiles=8", "--double_q", "--dueling",
+                           "--noisy", "--noisy_torso"),
+              "munchausen": ("--munchausen", "--layer_norm")}
+  for name, flags in variants.items():
+    logdir = tmp_path / name
+    result = subprocess.run(_cmd(f"--logdir={logdir}", "--total_steps=600", "--quiet",
+                                 *flags), cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["learner_steps"] > 0 and np.isfinite(summary["eval_return_mean"])
+    for field, value in zip(("quantile", "noisy", "munchausen"), ("--quantile" in flags,
+                                                                  "--noisy" in flags,
+                                                                  "--munchausen" in flags)):
+      assert summary["config"][field] == value
+    with open(logdir / "train.csv", newline="") as f:
+      rows = list(csv.DictReader(f))
+    assert rows and np.isfinite(float(rows[-1]["loss"]))

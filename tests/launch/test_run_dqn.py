@@ -158,6 +158,10 @@ OUT_OF_RANGE = {
     "eval_epsilon": (2.0, "--eval_epsilon"), "apex_epsilon_base": (1.5, "--apex_epsilon_base"),
     "apex_epsilon_alpha": (-1.0, "--apex_epsilon_alpha"),
     "variable_update_period": (0, "--variable_update_period"), "num_envs": (0, "--num_envs"),
+    "num_quantiles": (0, "--num_quantiles"),
+    "quantile_huber_kappa": (-1.0, "--quantile_huber_kappa"),
+    "munchausen_alpha": (1.5, "--munchausen_alpha"), "munchausen_tau": (0.0, "--munchausen_tau"),
+    "munchausen_clip": (0.0, "--munchausen_clip"), "noisy_sigma0": (0.0, "--noisy_sigma0"),
 }
 EXPERIMENT_OUT_OF_RANGE = {
     "seed": (-1, "--seed"), "total_steps": (0, "--total_steps"),
