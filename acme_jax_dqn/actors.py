@@ -72,12 +72,13 @@ def make_epsilon_greedy_policy(networks: Networks, evaluation: bool = False) -> 
   """Returns `policy(params, key, observation [B, ...], epsilon) -> actions [B]`.
 
   `epsilon` is a scalar or one value per row ([B], e.g. Ape-X epsilons).
-  Noisy networks draw fresh noise from `key` at every call, except for
-  `evaluation`, which acts on the mean weights.
+  Stochastic networks draw fresh noise (noisy layers) or fractions (IQN)
+  from `key` at every call, except for `evaluation`, which acts on the
+  mean weights and evenly spaced fractions.
   """
 
   def policy(params, key, observation, epsilon):
-    if networks.noisy and not evaluation:
+    if networks.stochastic and not evaluation:
       key, noise_key = jax.random.split(key)
       q_values = networks.apply(params, observation, noise_key).q_values  # [B, A]
     else:
@@ -95,10 +96,11 @@ def make_epsilon_greedy_policy(networks: Networks, evaluation: bool = False) -> 
 def make_greedy_policy(networks: Networks, evaluation: bool = False) -> GreedyFn:
   """Returns `greedy(params, observation [B, ...], noise_seed) -> argmax_a Q [B]`.
 
-  Noisy networks draw their noise from `noise_seed` (a uint32; the host
-  actor draws one per call), except for `evaluation` (mean weights).
+  Stochastic networks (noisy layers, IQN) draw from `noise_seed` (a
+  uint32; the host actor draws one per call), except for `evaluation`
+  (mean weights, evenly spaced fractions).
   """
-  noise = networks.noisy and not evaluation
+  noise = networks.stochastic and not evaluation
 
   def greedy(params, observation, noise_seed):
     if noise:
@@ -107,7 +109,7 @@ def make_greedy_policy(networks: Networks, evaluation: bool = False) -> GreedyFn
       q_values = networks.apply(params, observation).q_values
     return jnp.argmax(q_values, axis=-1).astype(jnp.int32)
 
-  greedy.noisy = noise
+  greedy.stochastic = noise
   return greedy
 
 
@@ -182,7 +184,7 @@ class Actor:
     seed = [int(x) for x in np.asarray(key).ravel()]
     self._rng = np.random.default_rng(seed)
     self._py_rng = random.Random(sum(x << (32 * i) for i, x in enumerate(seed)))
-    self._noisy = getattr(greedy, "noisy", False)  # Then it takes a noise seed per call.
+    self._noisy = getattr(greedy, "stochastic", False)  # Then it takes a noise seed per call.
     self._greedy_fn = jax.jit(greedy)
     self._epsilon_fn = epsilon_fn
     # Env steps observed by this actor (all copies; restart steps excluded).

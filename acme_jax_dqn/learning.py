@@ -118,11 +118,12 @@ def make_sgd_step(networks: Networks, loss_fn, optimizer: optax.GradientTransfor
 
   def sgd_step(state: TrainingState, batch: replay_lib.ReplaySample):
     key = state.key
-    if networks.noisy:  # Fresh noise for the online and the target network at every step.
+    if networks.stochastic:  # Fresh noise (or IQN fractions) for online and target, each step.
       key, online_noise, target_noise = jax.random.split(key, 3)
 
       def loss(online_params):  # Each network's params travel with its noise key.
-        return loss_fn(lambda params_key, obs: networks.apply(params_key[0], obs, params_key[1]),
+        return loss_fn(lambda params_key, obs, **kwargs: networks.apply(
+                           params_key[0], obs, params_key[1], **kwargs),
                        (online_params, online_noise), (state.target_params, target_noise),
                        batch.transitions, batch.weights, batch.mask)
     else:

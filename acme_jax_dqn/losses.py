@@ -178,6 +178,53 @@ class QuantileLoss:
 
 
 @dataclasses.dataclass(frozen=True)
+class ImplicitQuantileLoss:
+  """IQN's loss (Dabney et al. 2018b): quantile Huber regression at sampled fractions.
+
+  The online network's quantiles at `num_taus` (N) sampled fractions of
+  the taken action regress toward r + discount * the target network's
+  quantiles at `num_target_taus` (N') fractions of the next action, which
+  the mean of `num_policy_taus` (K) quantiles picks (the online network's
+  with `double_q`). `rlax.quantile_q_learning` per example, with each
+  example's own fractions. The network draws the fractions from its key
+  (a stochastic network: the learner gives it one per step).
+
+  Attributes:
+    num_taus: N (64 in the paper).
+    num_target_taus: N' (64).
+    num_policy_taus: K (32).
+    double_q: select the next action with the online network.
+    huber_kappa: kappa of the quantile Huber loss (1 in the paper).
+  """
+  num_taus: int = 64
+  num_target_taus: int = 64
+  num_policy_taus: int = 32
+  double_q: bool = False
+  huber_kappa: float = 1.0
+
+  def __call__(self, apply_fn: ApplyFn, online_params: Params,
+               target_params: Params, batch: Transition,
+               weights: Optional[chex.Array] = None,
+               mask: Optional[chex.Array] = None):
+    """Returns (scalar loss, LossExtras) for a batch of transitions."""
+    chex.assert_rank(batch.action, 1)
+    weights, mask = _defaults(batch, weights, mask)
+    out_tm1 = apply_fn(online_params, batch.observation, num_taus=self.num_taus)
+    out_t = apply_fn(target_params, batch.next_observation, num_taus=self.num_target_taus)
+    selector = apply_fn(online_params if self.double_q else target_params,
+                        batch.next_observation, num_taus=self.num_policy_taus)
+    per_example = jax.vmap(rlax.quantile_q_learning, in_axes=(0, 0, 0, 0, 0, 0, 0, None))(
+        jnp.swapaxes(out_tm1.quantiles, 1, 2), out_tm1.taus, batch.action, batch.reward,
+        batch.discount, jnp.swapaxes(selector.quantiles, 1, 2),
+        jnp.swapaxes(out_t.quantiles, 1, 2), self.huber_kappa)
+    loss = _weighted_mean(per_example, weights, mask)
+    td_error = _expected_td_error(out_tm1.q_values, out_t.q_values, selector.q_values, batch)
+    metrics = _td_metrics(td_error, jax.lax.stop_gradient(out_tm1.q_values), mask)
+    return loss, LossExtras(td_error=td_error,
+                            priorities=jax.lax.stop_gradient(per_example), metrics=metrics)
+
+
+@dataclasses.dataclass(frozen=True)
 class MunchausenLoss:
   """Munchausen DQN (Vieillard et al. 2020): a scaled log-policy bonus and a soft bootstrap.
 

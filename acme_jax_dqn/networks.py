@@ -21,22 +21,23 @@ class NetworkOutput(NamedTuple):
   q_values: chex.Array  # [B, A]
   logits: Optional[chex.Array] = None  # [B, A, N] for distributional heads.
   atoms: Optional[chex.Array] = None  # [N] support of the return distribution.
-  quantiles: Optional[chex.Array] = None  # [B, A, N] return quantiles (QR-DQN).
-  taus: Optional[chex.Array] = None  # [N] the quantile fractions of `quantiles`.
+  quantiles: Optional[chex.Array] = None  # [B, A, N] return quantiles (QR-DQN, IQN).
+  taus: Optional[chex.Array] = None  # [N] (QR-DQN) or [B, N] (IQN) fractions of `quantiles`.
 
 
 class Networks(NamedTuple):
   """A pure Q-network: `init(key) -> params`, `apply(params, obs[B, ...], noise_key=None)`.
 
-  `apply` returns a NetworkOutput. With `noisy` layers, `noise_key` draws
-  their noise and None gives the mean weights (evaluation); other networks
-  ignore it.
+  `apply` returns a NetworkOutput. A `stochastic` network draws from
+  `noise_key`: noisy layers their noise (None: the mean weights, for
+  evaluation), IQN its quantile fractions (None: evenly spaced ones).
+  IQN's `apply` also takes `num_taus`. Other networks ignore the key.
   """
   init: Callable[[chex.PRNGKey], Params]
   apply: Callable[..., NetworkOutput]
   num_actions: int
   distributional: bool
-  noisy: bool = False
+  stochastic: bool = False
 
 
 class NoisyLinear(hk.Module):
@@ -267,6 +268,35 @@ class QuantileHead(hk.Module):
                          taus=taus)
 
 
+class ImplicitQuantileHead(hk.Module):
+  """IQN (Dabney et al. 2018b): quantiles at fractions tau, embedded by cosines into the features.
+
+  phi(tau) = ReLU(Linear(cos(pi * i * tau), i = 0..num_cosines-1)) multiplies
+  the torso's features elementwise; a Q head (dueling with `dueling`) maps
+  each product to one quantile per action.
+  """
+
+  def __init__(self, num_actions: int, num_cosines: int = 64, dueling: bool = False,
+               dense: Dense = Dense(), name: str = "iqn_head"):
+    super().__init__(name=name)
+    self._num_actions, self._num_cosines, self._dueling = num_actions, num_cosines, dueling
+    self._dense = dense
+
+  def __call__(self, features: chex.Array, taus: chex.Array) -> NetworkOutput:
+    batch_size, width = features.shape
+    num_taus = taus.shape[1]
+    cosines = jnp.cos(jnp.pi * jnp.arange(self._num_cosines, dtype=jnp.float32)
+                      * taus[..., None])  # [B, T, C]
+    embedding = jax.nn.relu(hk.Linear(width, name="tau_embedding")(cosines))  # [B, T, D]
+    x = (features[:, None, :] * embedding).reshape(batch_size * num_taus, width)
+    head = (DuelingHead(self._num_actions, self._dense) if self._dueling
+            else QHead(self._num_actions, self._dense))
+    quantiles = head(x).q_values.reshape(batch_size, num_taus, self._num_actions)
+    quantiles = jnp.swapaxes(quantiles, 1, 2)  # [B, A, T]
+    return NetworkOutput(q_values=jnp.mean(quantiles, axis=-1), quantiles=quantiles,
+                         taus=taus)
+
+
 def choose_torso(observation_shape: Sequence[int], torso: str) -> str:
   """Resolves `torso` (one of TORSOS) for an observation shape."""
   rank = len(observation_shape)
@@ -327,6 +357,9 @@ def make_networks(
     noisy: bool = False,
     noisy_torso: bool = False,
     noisy_sigma0: float = 0.5,
+    iqn: bool = False,
+    iqn_num_cosines: int = 64,
+    iqn_num_policy_taus: int = 32,
     env_name: str = "",
 ) -> Networks:
   """Builds the Q-network for an environment spec.
@@ -347,6 +380,11 @@ def make_networks(
     noisy: factorised Gaussian noisy layers (`NoisyLinear`) in the head.
     noisy_torso: noisy layers in the torso's MLP too (with `noisy`).
     noisy_sigma0: sigma0 of the noisy layers (0.5 in the paper).
+    iqn: use an IQN head; `apply(params, obs, key, num_taus)` samples
+      `num_taus` fractions from `key` (default `iqn_num_policy_taus`; with
+      no key, that many evenly spaced ones).
+    iqn_num_cosines: cosines of IQN's fraction embedding (64 in the paper).
+    iqn_num_policy_taus: fractions behind IQN's Q-values by default (K, 32).
     env_name: used in error messages only.
 
   Returns:
@@ -358,10 +396,14 @@ def make_networks(
   torso_cls = {"mlp": MLPTorso, "nature_conv": NatureConvTorso,
                "minatar_conv": MinAtarConvTorso}[torso_name]
 
-  def forward(observation: chex.Array, noise: bool = False) -> NetworkOutput:
+  def forward(observation: chex.Array, noise: bool = False,
+              taus: Optional[chex.Array] = None) -> NetworkOutput:
     head_dense = Dense(noisy=noisy, noise=noise, sigma0=noisy_sigma0)
     torso_dense = head_dense if noisy_torso else Dense()
     features = torso_cls(hidden_sizes, layer_norm, torso_dense)(observation)
+    if iqn:
+      return ImplicitQuantileHead(num_actions, iqn_num_cosines, dueling=dueling,
+                                  dense=head_dense)(features, taus)
     if quantile:
       return QuantileHead(num_actions, num_quantiles, dueling=dueling, dense=head_dense)(features)
     if distributional:
@@ -376,13 +418,24 @@ def make_networks(
                                dtype=spec.observations.dtype)
 
   def init(key: chex.PRNGKey) -> Params:
-    return transformed.init(key, dummy_observation)
+    taus = jnp.full((1, 1), 0.5) if iqn else None
+    return transformed.init(key, dummy_observation, False, taus)
 
   def apply(params: Params, observation: chex.Array,
-            noise_key: Optional[chex.PRNGKey] = None) -> NetworkOutput:
+            noise_key: Optional[chex.PRNGKey] = None,
+            num_taus: Optional[int] = None) -> NetworkOutput:
+    taus = None
+    if iqn:
+      count = num_taus or iqn_num_policy_taus
+      if noise_key is None:  # Evenly spaced fractions: a deterministic policy.
+        taus = jnp.broadcast_to((jnp.arange(count) + 0.5) / count,
+                                (observation.shape[0], count))
+      else:  # Per count, so different counts drawn with one key are not the same draws.
+        noise_key, tau_key = jax.random.split(jax.random.fold_in(noise_key, count))
+        taus = jax.random.uniform(tau_key, (observation.shape[0], count))
     if noisy and noise_key is not None:
-      return transformed.apply(params, noise_key, observation, True)
-    return transformed.apply(params, None, observation)
+      return transformed.apply(params, noise_key, observation, True, taus)
+    return transformed.apply(params, None, observation, False, taus)
 
   return Networks(init=init, apply=apply, num_actions=num_actions,
-                  distributional=distributional, noisy=noisy)
+                  distributional=distributional, stochastic=noisy or iqn)

@@ -42,15 +42,22 @@ class DQNBuilder:
         distributional=c.distributional, num_atoms=c.num_atoms,
         v_min=c.v_min, v_max=c.v_max, torso=c.torso, quantile=c.quantile,
         num_quantiles=c.num_quantiles, layer_norm=c.layer_norm, noisy=c.noisy,
-        noisy_torso=c.noisy_torso, noisy_sigma0=c.noisy_sigma0, env_name=env_name)
+        noisy_torso=c.noisy_torso, noisy_sigma0=c.noisy_sigma0, iqn=c.iqn,
+        iqn_num_cosines=c.iqn_num_cosines, iqn_num_policy_taus=c.iqn_num_policy_taus,
+        env_name=env_name)
 
   def make_loss(self):
-    """The variant's loss object: C51, QR-DQN, Munchausen or (double) Q-learning."""
+    """The variant's loss object: C51, QR-DQN, IQN, Munchausen or (double) Q-learning."""
     c = self.config
     if c.distributional:
       return losses.CategoricalLoss(double_q=c.double_q)
     if c.quantile:
       return losses.QuantileLoss(double_q=c.double_q, huber_kappa=c.quantile_huber_kappa)
+    if c.iqn:
+      return losses.ImplicitQuantileLoss(
+          num_taus=c.iqn_num_taus, num_target_taus=c.iqn_num_target_taus,
+          num_policy_taus=c.iqn_num_policy_taus, double_q=c.double_q,
+          huber_kappa=c.quantile_huber_kappa)
     if c.munchausen:
       return losses.MunchausenLoss(alpha=c.munchausen_alpha, tau=c.munchausen_tau,
                                    clip_min=c.munchausen_clip, huber_delta=c.huber_delta)

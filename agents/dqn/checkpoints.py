@@ -24,7 +24,7 @@ _SAME_EXPERIMENT_FIELDS = ("env", "run_mode", "num_seeds", "seed", "prng_impl")
 _SAME_CONFIG_FIELDS = ("num_envs", "n_step")
 # Config fields whose value sets the shapes of the network's parameters (any change).
 _NETWORK_FIELDS = ("hidden_sizes", "dueling", "distributional", "quantile", "layer_norm",
-                   "noisy", "noisy_torso")
+                   "noisy", "noisy_torso", "iqn")
 # Config fields whose value sets the replay buffer's state (when the replay is saved).
 _REPLAY_FIELDS = ("replay_capacity", "prioritized")
 # Experiment fields that never matter for the resumed computation.
@@ -135,6 +135,8 @@ def structure_differences(saved: Dict[str, Any], current: Dict[str, Any],
     changed.append("num_atoms")
   if saved.get("quantile") and current.get("quantile") and differs("num_quantiles"):
     changed.append("num_quantiles")
+  if saved.get("iqn") and current.get("iqn") and differs("iqn_num_cosines"):
+    changed.append("iqn_num_cosines")
   if "auto" not in (saved.get("torso"), current.get("torso")) and differs("torso"):
     changed.append("torso")  # "auto" picks by the observations: the layout check decides.
   if replay_saved:

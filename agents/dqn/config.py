@@ -29,6 +29,11 @@ class DQNConfig:
     munchausen_tau: entropy temperature of the softmax policy (0.03 in the paper).
     munchausen_clip: l0, the lower clip of the log-policy bonus (-1 in the paper).
     layer_norm: a LayerNorm before each hidden ReLU of the torso's MLP (any variant).
+    iqn: IQN (Dabney et al. 2018b): quantiles at sampled fractions, embedded by cosines; the quantile Huber loss (quantile_huber_kappa) over N x N' sampled fractions, the greedy action from K; double_q and dueling compose with it.
+    iqn_num_cosines: cosines of the fraction embedding (64 in the paper).
+    iqn_num_taus: N, the online network's sampled fractions per example (64 in the paper).
+    iqn_num_target_taus: N', the target network's fractions per example (64 in the paper).
+    iqn_num_policy_taus: K, the fractions behind the Q-values that pick actions (32 in the paper).
     noisy: factorised Gaussian noisy layers in the head (Fortunato et al. 2018): fresh noise per learner step (online and target apart) and per acting step, mean weights at evaluation. On the command line it sets epsilon_start and epsilon_end to 0 unless they are given.
     noisy_torso: noisy layers in the torso's MLP too (with noisy).
     noisy_sigma0: sigma0 of the noisy layers' initial noise scale, sigma0 / sqrt(fan_in) (0.5 in the paper).
@@ -82,6 +87,11 @@ class DQNConfig:
   munchausen_tau: float = 0.03
   munchausen_clip: float = -1.0
   layer_norm: bool = False
+  iqn: bool = False
+  iqn_num_cosines: int = 64
+  iqn_num_taus: int = 64
+  iqn_num_target_taus: int = 64
+  iqn_num_policy_taus: int = 32
   noisy: bool = False
   noisy_torso: bool = False
   noisy_sigma0: float = 0.5
@@ -174,7 +184,9 @@ def _check(c: DQNConfig) -> None:
       fail(field.name, value, "must be a finite number.")
   at_least_one = ("n_step", "batch_size", "replay_capacity", "min_replay_size",
                   "target_update_period", "num_envs", "num_sgd_steps_per_step",
-                  "gradient_accumulation_steps", "variable_update_period", "num_quantiles")
+                  "gradient_accumulation_steps", "variable_update_period", "num_quantiles",
+                  "iqn_num_cosines", "iqn_num_taus", "iqn_num_target_taus",
+                  "iqn_num_policy_taus")
   for name in at_least_one:
     value = getattr(c, name)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -244,11 +256,13 @@ def _check(c: DQNConfig) -> None:
   if c.noisy_torso and not c.noisy:
     fail("noisy_torso", True, "puts noisy layers in the torso as well as the head: it "
          "needs `noisy`=True.")
-  if c.quantile and c.distributional:
-    fail("quantile", True, "QR-DQN's quantile head and C51's categorical head are two "
-         "distributional heads: set one of `quantile` and `distributional`.")
-  if c.munchausen and (c.distributional or c.quantile or c.double_q):
-    other = "distributional" if c.distributional else "quantile" if c.quantile else "double_q"
+  heads = [name for name in ("distributional", "quantile", "iqn") if getattr(c, name)]
+  if len(heads) > 1:
+    fail(heads[1], True, f"`{heads[0]}` and `{heads[1]}` are two distributional heads: "
+         "set one of `distributional` (C51), `quantile` (QR-DQN) and `iqn`.")
+  if c.munchausen and (c.distributional or c.quantile or c.iqn or c.double_q):
+    other = next(name for name in ("distributional", "quantile", "iqn", "double_q")
+                 if getattr(c, name))
     fail("munchausen", True, f"Munchausen DQN's soft target works on Q-values with its own "
          f"bootstrap (no greedy action), so it does not combine with `{other}`; drop one.")
   if c.min_replay_size > c.replay_capacity:

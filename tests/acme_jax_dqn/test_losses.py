@@ -237,3 +237,42 @@ def test_munchausen_target_by_hand(huber_delta):
   np.testing.assert_allclose(extras.td_error, expected_td, rtol=1e-4, atol=1e-4)
   np.testing.assert_allclose(loss, np.mean(terms), rtol=1e-4)
   assert float(extras.metrics["munchausen_bonus_mean"]) <= 0.0  # log pi <= 0, clipped at l0.
+
+
+def _iqn_apply(params, observation, num_taus):
+  """A linear IQN stand-in: quantile(b, a, t) = obs_b . w_a + tau_bt * c_a, fractions seeded by N."""
+  taus = jnp.asarray(np.random.default_rng(num_taus).uniform(
+      size=(observation.shape[0], num_taus)).astype(np.float32))
+  q = observation @ params["w"]  # [B, A]
+  quantiles = q[:, :, None] + taus[:, None, :] * params["c"][None, :, None]  # [B, A, T]
+  return NetworkOutput(q_values=quantiles.mean(-1), quantiles=quantiles, taus=taus)
+
+
+@pytest.mark.parametrize("double_q", [False, True])
+def test_iqn_loss_regresses_n_sampled_fractions_toward_n_prime_by_brute_force(double_q):
+  rng = np.random.default_rng(5)
+  batch = _batch(rng)
+  make = lambda: {"w": jnp.asarray(rng.normal(size=(5, A)).astype(np.float32)),  # pylint: disable=unnecessary-lambda-assignment
+                  "c": jnp.asarray(rng.uniform(0.5, 2.0, size=A).astype(np.float32))}
+  online, target = make(), make()
+  n, n_prime, k = 6, 5, 4
+  loss_fn = losses.ImplicitQuantileLoss(num_taus=n, num_target_taus=n_prime,
+                                        num_policy_taus=k, double_q=double_q, huber_kappa=1.0)
+  apply_fn = lambda p, o, num_taus: _iqn_apply(p, o, num_taus)  # pylint: disable=unnecessary-lambda-assignment
+  loss, extras = loss_fn(apply_fn, online, target, batch)
+  taus = {t: np.random.default_rng(t).uniform(size=(B, t)).astype(np.float32) for t in (n, n_prime, k)}
+
+  def quantiles(params, obs, i, count):
+    q = obs @ np.asarray(params["w"])
+    return q[:, None] + taus[count][i][None, :] * np.asarray(params["c"])[:, None]  # [A, T]
+
+  terms = []
+  for i in range(B):
+    theta = quantiles(online, batch.observation[i], i, n)[batch.action[i]]
+    selector = quantiles(online if double_q else target, batch.next_observation[i], i, k)
+    next_action = int(np.argmax(selector.mean(-1)))
+    targets = batch.reward[i] + batch.discount[i] * quantiles(
+        target, batch.next_observation[i], i, n_prime)[next_action]
+    terms.append(_quantile_huber_by_hand(theta, taus[n][i], targets, 1.0))
+  np.testing.assert_allclose(extras.priorities, terms, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(loss, np.mean(terms), rtol=1e-4)

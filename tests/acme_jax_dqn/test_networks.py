@@ -178,9 +178,30 @@ def test_noisy_networks_draw_noise_only_with_a_key_in_head_and_optionally_torso(
     nets = networks.make_networks(_spec(num_actions=3, obs_dim=4), hidden_sizes=(8,),
                                   dueling=True, noisy=True, noisy_torso=noisy_torso)
     params = nets.init(jax.random.PRNGKey(0))
-    assert nets.noisy and ("sigma_w" in params["dueling_head/value"])
+    assert nets.stochastic and ("sigma_w" in params["dueling_head/value"])
     assert ("sigma_w" in params.get("mlp_torso/linear_0", {})) == noisy_torso
     obs = np.ones((2, 4), np.float32)
     np.testing.assert_array_equal(nets.apply(params, obs).q_values, nets.apply(params, obs).q_values)
     assert not np.allclose(nets.apply(params, obs, jax.random.PRNGKey(3)).q_values,
                            nets.apply(params, obs).q_values)
+
+
+@pytest.mark.parametrize("dueling", [False, True])
+def test_iqn_samples_its_fractions_from_the_key_and_evaluates_on_even_ones(dueling):
+  nets = networks.make_networks(_spec(num_actions=3, obs_dim=4), hidden_sizes=(8,),
+                                dueling=dueling, iqn=True, iqn_num_cosines=16,
+                                iqn_num_policy_taus=5)
+  params = nets.init(jax.random.PRNGKey(0))
+  assert nets.stochastic and params["iqn_head/tau_embedding"]["w"].shape == (16, 8)
+  obs = np.random.default_rng(0).normal(size=(2, 4)).astype(np.float32)
+  even = nets.apply(params, obs)
+  assert even.quantiles.shape == (2, 3, 5) and even.taus.shape == (2, 5)
+  np.testing.assert_allclose(even.taus[0], (np.arange(5) + 0.5) / 5, rtol=1e-6)
+  np.testing.assert_allclose(even.q_values, even.quantiles.mean(-1), rtol=1e-5, atol=1e-6)
+  drawn = nets.apply(params, obs, jax.random.PRNGKey(1), num_taus=7)
+  assert drawn.quantiles.shape == (2, 3, 7) and np.all((drawn.taus > 0) & (drawn.taus < 1))
+  again = nets.apply(params, obs, jax.random.PRNGKey(1), num_taus=7)
+  np.testing.assert_array_equal(drawn.taus, again.taus)
+  assert not np.allclose(drawn.taus, nets.apply(params, obs, jax.random.PRNGKey(2), 7).taus)
+  # The quantile at fraction tau of example b depends on tau: the embedding is used.
+  assert not np.allclose(drawn.quantiles[:, :, 0], drawn.quantiles[:, :, 1])

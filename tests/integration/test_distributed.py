@@ -165,10 +165,12 @@ def test_the_distributed_cartpole_preset_learns(tmp_path):
 
 
 def test_the_newer_variants_run_as_distributed_programs(tmp_path):
-  """QR-DQN and noisy nets (one run) and Munchausen with LayerNorm run on the Ray nodes."""
+  """QR-DQN with noisy nets, Munchausen with LayerNorm, and IQN run on the Ray nodes."""
   variants = {"qr_noisy": ("--quantile", "--num_quantiles=8", "--double_q", "--dueling",
                            "--noisy", "--noisy_torso"),
-              "munchausen": ("--munchausen", "--layer_norm")}
+              "munchausen": ("--munchausen", "--layer_norm"),
+              "iqn": ("--iqn", "--iqn_num_taus=8", "--iqn_num_target_taus=8",
+                      "--iqn_num_policy_taus=4", "--iqn_num_cosines=8", "--double_q")}
   for name, flags in variants.items():
     logdir = tmp_path / name
     result = subprocess.run(_cmd(f"--logdir={logdir}", "--total_steps=600", "--quiet",
@@ -177,10 +179,8 @@ def test_the_newer_variants_run_as_distributed_programs(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((logdir / "summary.json").read_text())
     assert summary["learner_steps"] > 0 and np.isfinite(summary["eval_return_mean"])
-    for field, value in zip(("quantile", "noisy", "munchausen"), ("--quantile" in flags,
-                                                                  "--noisy" in flags,
-                                                                  "--munchausen" in flags)):
-      assert summary["config"][field] == value
+    for field in ("quantile", "noisy", "munchausen", "iqn"):
+      assert summary["config"][field] == (f"--{field}" in flags)
     with open(logdir / "train.csv", newline="") as f:
       rows = list(csv.DictReader(f))
     assert rows and np.isfinite(float(rows[-1]["loss"]))

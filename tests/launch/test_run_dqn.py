@@ -162,6 +162,9 @@ OUT_OF_RANGE = {
     "quantile_huber_kappa": (-1.0, "--quantile_huber_kappa"),
     "munchausen_alpha": (1.5, "--munchausen_alpha"), "munchausen_tau": (0.0, "--munchausen_tau"),
     "munchausen_clip": (0.0, "--munchausen_clip"), "noisy_sigma0": (0.0, "--noisy_sigma0"),
+    "iqn_num_cosines": (0, "--iqn_num_cosines"), "iqn_num_taus": (0, "--iqn_num_taus"),
+    "iqn_num_target_taus": (0, "--iqn_num_target_taus"),
+    "iqn_num_policy_taus": (0, "--iqn_num_policy_taus"),
 }
 EXPERIMENT_OUT_OF_RANGE = {
     "seed": (-1, "--seed"), "total_steps": (0, "--total_steps"),
