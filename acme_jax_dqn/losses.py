@@ -165,16 +165,8 @@ class QuantileLoss:
     out_tm1 = apply_fn(online_params, batch.observation)
     out_t = apply_fn(target_params, batch.next_observation)
     selector = (apply_fn(online_params, batch.next_observation) if self.double_q else out_t)
-    # rlax takes quantiles as [N, A] per example.
-    per_example = jax.vmap(rlax.quantile_q_learning, in_axes=(0, None, 0, 0, 0, 0, 0, None))(
-        jnp.swapaxes(out_tm1.quantiles, 1, 2), out_tm1.taus, batch.action, batch.reward,
-        batch.discount, jnp.swapaxes(selector.quantiles, 1, 2),
-        jnp.swapaxes(out_t.quantiles, 1, 2), self.huber_kappa)
-    loss = _weighted_mean(per_example, weights, mask)
-    td_error = _expected_td_error(out_tm1.q_values, out_t.q_values, selector.q_values, batch)
-    metrics = _td_metrics(td_error, jax.lax.stop_gradient(out_tm1.q_values), mask)
-    return loss, LossExtras(td_error=td_error,
-                            priorities=jax.lax.stop_gradient(per_example), metrics=metrics)
+    return _quantile_regression(out_tm1, out_t, selector, batch, weights, mask,
+                                self.huber_kappa)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,15 +205,8 @@ class ImplicitQuantileLoss:
     out_t = apply_fn(target_params, batch.next_observation, num_taus=self.num_target_taus)
     selector = apply_fn(online_params if self.double_q else target_params,
                         batch.next_observation, num_taus=self.num_policy_taus)
-    per_example = jax.vmap(rlax.quantile_q_learning, in_axes=(0, 0, 0, 0, 0, 0, 0, None))(
-        jnp.swapaxes(out_tm1.quantiles, 1, 2), out_tm1.taus, batch.action, batch.reward,
-        batch.discount, jnp.swapaxes(selector.quantiles, 1, 2),
-        jnp.swapaxes(out_t.quantiles, 1, 2), self.huber_kappa)
-    loss = _weighted_mean(per_example, weights, mask)
-    td_error = _expected_td_error(out_tm1.q_values, out_t.q_values, selector.q_values, batch)
-    metrics = _td_metrics(td_error, jax.lax.stop_gradient(out_tm1.q_values), mask)
-    return loss, LossExtras(td_error=td_error,
-                            priorities=jax.lax.stop_gradient(per_example), metrics=metrics)
+    return _quantile_regression(out_tm1, out_t, selector, batch, weights, mask,
+                                self.huber_kappa)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,6 +261,27 @@ class MunchausenLoss:
         jnp.maximum(jnp.sum(mask), 1.0))
     return loss, LossExtras(td_error=td_error, priorities=jnp.abs(td_error),
                             metrics=metrics)
+
+
+def _quantile_regression(out_tm1: NetworkOutput, out_t: NetworkOutput,
+                         selector: NetworkOutput, batch: Transition, weights, mask,
+                         huber_kappa: float):
+  """`rlax.quantile_q_learning` per example; priorities are the per-example losses.
+
+  Fractions are shared ([N], QR-DQN) or per example ([B, N], IQN).
+  """
+  tau_axis = None if out_tm1.taus.ndim == 1 else 0
+  # rlax takes quantiles as [N, A] per example.
+  per_example = jax.vmap(rlax.quantile_q_learning,
+                         in_axes=(0, tau_axis, 0, 0, 0, 0, 0, None))(
+      jnp.swapaxes(out_tm1.quantiles, 1, 2), out_tm1.taus, batch.action, batch.reward,
+      batch.discount, jnp.swapaxes(selector.quantiles, 1, 2),
+      jnp.swapaxes(out_t.quantiles, 1, 2), huber_kappa)
+  loss = _weighted_mean(per_example, weights, mask)
+  td_error = _expected_td_error(out_tm1.q_values, out_t.q_values, selector.q_values, batch)
+  metrics = _td_metrics(td_error, jax.lax.stop_gradient(out_tm1.q_values), mask)
+  return loss, LossExtras(td_error=td_error,
+                          priorities=jax.lax.stop_gradient(per_example), metrics=metrics)
 
 
 def _expected_td_error(q_tm1, q_t_value, q_t_selector, batch: Transition) -> chex.Array:

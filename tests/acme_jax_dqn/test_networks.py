@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from acme_jax_dqn import networks, specs
+from acme_jax_dqn import heads, networks, specs
 from tests.fakes import FakeEnvironment
 
 
@@ -34,7 +34,7 @@ def test_heads_output_shapes(dueling, distributional):
 
 def test_dueling_head_advantages_have_zero_mean():
   features = jax.random.normal(jax.random.PRNGKey(1), (5, 6))
-  head = hk.without_apply_rng(hk.transform(lambda f: networks.DuelingHead(4)(f)))
+  head = hk.without_apply_rng(hk.transform(lambda f: heads.DuelingHead(4)(f)))
   params = head.init(jax.random.PRNGKey(2), features)
   q = head.apply(params, features).q_values
   value = features @ params["dueling_head/value"]["w"] + params["dueling_head/value"]["b"]
@@ -46,7 +46,7 @@ def test_dueling_head_advantages_have_zero_mean():
 def test_dueling_c51_logit_advantages_have_zero_mean_per_atom():
   features = jax.random.normal(jax.random.PRNGKey(3), (2, 6))
   head = hk.without_apply_rng(hk.transform(
-      lambda f: networks.CategoricalHead(3, 5, -1.0, 1.0, dueling=True)(f)))
+      lambda f: heads.CategoricalHead(3, 5, -1.0, 1.0, dueling=True)(f)))
   params = head.init(jax.random.PRNGKey(4), features)
   logits = head.apply(params, features).logits  # [B, A, N]
   value = features @ params["c51_head/value"]["w"] + params["c51_head/value"]["b"]
@@ -131,7 +131,7 @@ def test_every_head_on_every_torso_from_the_spec(obs_shape, torso, head):
 
 
 def _noisy_layer(fan_in=6, size=5, sigma0=0.5):
-  layer = hk.transform(lambda x, noise: networks.NoisyLinear(size, sigma0, name="noisy")(x, noise))
+  layer = hk.transform(lambda x, noise: heads.NoisyLinear(size, sigma0, name="noisy")(x, noise))
   x = np.ones((1, fan_in), np.float32)
   return layer, layer.init(jax.random.PRNGKey(0), x, True), x
 
