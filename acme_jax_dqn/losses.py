@@ -82,15 +82,7 @@ class QLearningLoss:
     else:
       td_error = jax.vmap(rlax.q_learning)(
           q_tm1, batch.action, batch.reward, batch.discount, q_t_value)
-    if self.huber_delta > 0:
-      per_example = rlax.huber_loss(td_error, self.huber_delta)
-    else:
-      per_example = rlax.l2_loss(td_error)
-    loss = _weighted_mean(per_example, weights, mask)
-    td_error = jax.lax.stop_gradient(td_error)
-    metrics = _td_metrics(td_error, jax.lax.stop_gradient(q_tm1), mask)
-    return loss, LossExtras(td_error=td_error, priorities=jnp.abs(td_error),
-                            metrics=metrics)
+    return _td_loss(td_error, q_tm1, weights, mask, self.huber_delta)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,18 +241,22 @@ class MunchausenLoss:
     soft_value_t = jnp.sum(jnp.exp(log_pi_t) * (q_t_target - self.tau * log_pi_t), axis=-1)
     target = jax.lax.stop_gradient(batch.reward + bonus + batch.discount * soft_value_t)
     q_taken = jnp.take_along_axis(q_tm1, batch.action[:, None], axis=-1)[:, 0]
-    td_error = target - q_taken
-    if self.huber_delta > 0:
-      per_example = rlax.huber_loss(td_error, self.huber_delta)
-    else:
-      per_example = rlax.l2_loss(td_error)
-    loss = _weighted_mean(per_example, weights, mask)
-    td_error = jax.lax.stop_gradient(td_error)
-    metrics = _td_metrics(td_error, jax.lax.stop_gradient(q_tm1), mask)
-    metrics["munchausen_bonus_mean"] = jnp.sum(jax.lax.stop_gradient(bonus) * mask) / (
+    loss, extras = _td_loss(target - q_taken, q_tm1, weights, mask, self.huber_delta)
+    extras.metrics["munchausen_bonus_mean"] = jnp.sum(jax.lax.stop_gradient(bonus) * mask) / (
         jnp.maximum(jnp.sum(mask), 1.0))
-    return loss, LossExtras(td_error=td_error, priorities=jnp.abs(td_error),
-                            metrics=metrics)
+    return loss, extras
+
+
+def _td_loss(td_error, q_tm1, weights, mask, huber_delta: float):
+  """Huber (or squared, `huber_delta` 0) TD loss; priorities |TD error|, as every Q-value loss."""
+  if huber_delta > 0:
+    per_example = rlax.huber_loss(td_error, huber_delta)
+  else:
+    per_example = rlax.l2_loss(td_error)
+  loss = _weighted_mean(per_example, weights, mask)
+  td_error = jax.lax.stop_gradient(td_error)
+  metrics = _td_metrics(td_error, jax.lax.stop_gradient(q_tm1), mask)
+  return loss, LossExtras(td_error=td_error, priorities=jnp.abs(td_error), metrics=metrics)
 
 
 def _quantile_regression(out_tm1: NetworkOutput, out_t: NetworkOutput,
