@@ -30,7 +30,7 @@ from acme_jax_dqn.types import TrainingState, Transition
 
 
 class NStepWindow(NamedTuple):
-  """The last n env steps of every copy, oldest first: leaves [n, E, ...].
+  """The last n env steps of every copy, oldest first: leaves [n, E, ...] (one step: [E, ...]).
 
   `env_discount` is 0 on a termination and 1 otherwise; `end` marks the
   last step of an episode (terminated or truncated); `next_observation`
@@ -147,7 +147,6 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
       evaluate on their mean weights).
   """
   eval_policy = eval_policy or policy
-  genv, params = env.env, env.params
   obs_spec = env.spec.observations
   obs_shape, obs_dtype = tuple(obs_spec.shape), obs_spec.dtype
   E = num_envs
@@ -155,28 +154,9 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
 
   def env_step(state: AnakinState):
     """All copies act and step once; returns the state, the emitted transitions [E] and stats."""
-    key, act_key, step_key = jax.random.split(state.key, 3)
-    epsilon = epsilon_fn(state.env_steps)
-    action = policy(state.learner.online_params, act_key, state.observation, epsilon)
-    next_obs, env_state, reward, terminated, truncated, info = jax.vmap(
-        genv.step, in_axes=(0, 0, 0, None))(jax.random.split(step_key, E),
-                                            state.env_state, action, params)
-    reward = reward.astype(jnp.float32)
-    stored_reward = jnp.clip(reward, -reward_clip, reward_clip) if reward_clip > 0 else reward
-    end = jnp.logical_or(terminated, truncated)
-    entry = NStepWindow(state.observation, action, stored_reward,
-                        1.0 - terminated.astype(jnp.float32), end,
-                        info["final_observation"].astype(obs_dtype))
-    window = jax.tree.map(lambda w, x: jnp.concatenate([w[1:], x[None]]),
-                          state.window, entry)
-    transition = nstep_transition(window, discount)
-    episode_return = state.episode_return + reward
-    stats = StepStats(jnp.sum(jnp.where(end, episode_return, 0.0)),
-                      jnp.sum(end.astype(jnp.float32)))
-    state = state._replace(env_state=env_state, observation=next_obs.astype(obs_dtype),
-                           window=window, episode_return=jnp.where(end, 0.0, episode_return),
-                           env_steps=state.env_steps + E, key=key)
-    return state, transition, stats
+    state, step, stats = step_copies(env, policy, epsilon_fn, state, reward_clip)
+    window = jax.tree.map(lambda w, x: jnp.concatenate([w[1:], x[None]]), state.window, step)
+    return state._replace(window=window), nstep_transition(window, discount), stats
 
   def step_and_store(state: AnakinState, _):
     state, transition, stats = env_step(state)
@@ -186,14 +166,13 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
     """Fresh parameters, empty replay, reset environments; then n - 1 steps fill the window."""
     learner_key, env_key, key = jax.random.split(key, 3)
     learner_state = learning.init_training_state(networks, optimizer, learner_key)
-    observation, env_state = jax.vmap(genv.reset, in_axes=(0, None))(
-        jax.random.split(env_key, E), params)
+    observation, env_state = reset_copies(env, env_key, E)
     zeros = lambda shape, dtype: jnp.zeros((n_step, E) + shape, dtype)
     window = NStepWindow(zeros(obs_shape, obs_dtype), zeros((), jnp.int32),
                          zeros((), jnp.float32), zeros((), jnp.float32),
                          zeros((), jnp.bool_), zeros(obs_shape, obs_dtype))
     state = AnakinState(learner=learner_state, buffer=replay.init(example_transition),
-                        env_state=env_state, observation=observation.astype(obs_dtype),
+                        env_state=env_state, observation=observation,
                         window=window, episode_return=jnp.zeros((E,), jnp.float32),
                         env_steps=jnp.zeros((), jnp.int32), key=key)
     if fill_steps:  # Until the window is full its oldest entries are not real steps.
@@ -234,24 +213,79 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
   def train_chunk(state: AnakinState, first_iteration: chex.Array, num_iterations: int):
     indices = first_iteration + jnp.arange(num_iterations, dtype=jnp.int32)
     state, (stats, metrics, learned) = jax.lax.scan(iteration, state, indices)
-    count = jnp.sum(learned)
-    # Learner metrics averaged over the iterations that learned (NaN if none did).
-    out: Dict[str, chex.Array] = jax.tree.map(
-        lambda m: jnp.where(count > 0, jnp.sum(m * learned) / jnp.maximum(count, 1.0),
-                            jnp.nan), metrics)
-    out["episode_return_sum"] = jnp.sum(stats.return_sum)
-    out["episodes"] = jnp.sum(stats.episodes)
-    out["epsilon"] = jnp.mean(epsilon_fn(state.env_steps))
-    out["env_steps"] = state.env_steps
-    out["learner_steps"] = state.learner.steps
-    out["nonfinite_updates"] = state.learner.nonfinite_updates
-    out["first_nonfinite_step"] = state.learner.first_nonfinite_step
-    return state, out
+    return state, chunk_metrics(state, stats, metrics, learned, epsilon_fn)
 
+  return Anakin(init=init, train_chunk=train_chunk,
+                evaluate=make_evaluate(env, eval_policy, eval_episodes, eval_epsilon), learn=learn,
+                learner_step=learner_step, fill_steps=fill_steps,
+                env_steps_per_iteration=env_steps_per_iteration,
+                learner_calls_per_iteration=learner_calls_per_iteration)
+
+
+def step_copies(env: GymnaxEnv, policy: PolicyFn, epsilon_fn, state, reward_clip: float = 0.0):
+  """All copies act (epsilon-greedy on the online params) and step once, with auto-reset.
+
+  `state` is any trainer state with the fields `learner`, `env_state`,
+  `observation`, `episode_return`, `env_steps` and `key`. Returns the
+  state moved on, the step (an `NStepWindow` entry, leaves [E, ...]) and its
+  `StepStats`.
+  """
+  genv, params = env.env, env.params
+  obs_dtype = env.spec.observations.dtype
+  num_envs = state.observation.shape[0]
+  key, act_key, step_key = jax.random.split(state.key, 3)
+  action = policy(state.learner.online_params, act_key, state.observation,
+                  epsilon_fn(state.env_steps))
+  next_obs, env_state, reward, terminated, truncated, info = jax.vmap(
+      genv.step, in_axes=(0, 0, 0, None))(jax.random.split(step_key, num_envs),
+                                          state.env_state, action, params)
+  reward = reward.astype(jnp.float32)
+  stored_reward = jnp.clip(reward, -reward_clip, reward_clip) if reward_clip > 0 else reward
+  end = jnp.logical_or(terminated, truncated)
+  entry = NStepWindow(state.observation, action, stored_reward,
+                      1.0 - terminated.astype(jnp.float32), end,
+                      info["final_observation"].astype(obs_dtype))
+  episode_return = state.episode_return + reward
+  stats = StepStats(jnp.sum(jnp.where(end, episode_return, 0.0)),
+                    jnp.sum(end.astype(jnp.float32)))
+  state = state._replace(env_state=env_state, observation=next_obs.astype(obs_dtype),
+                         episode_return=jnp.where(end, 0.0, episode_return),
+                         env_steps=state.env_steps + num_envs, key=key)
+  return state, entry, stats
+
+
+def reset_copies(env: GymnaxEnv, key: chex.PRNGKey, num_envs: int):
+  """(observations [E, ...] in the spec's dtype, env states) of `num_envs` fresh episodes."""
+  observation, env_state = jax.vmap(env.env.reset, in_axes=(0, None))(
+      jax.random.split(key, num_envs), env.params)
+  return observation.astype(env.spec.observations.dtype), env_state
+
+
+def chunk_metrics(state, stats: StepStats, metrics, learned, epsilon_fn) -> Dict[str, chex.Array]:
+  """A chunk's row: learner metrics averaged over the iterations that learned (NaN if none
+  did), episode stats summed, and the counters."""
+  count = jnp.sum(learned)
+  out: Dict[str, chex.Array] = jax.tree.map(
+      lambda m: jnp.where(count > 0, jnp.sum(m * learned) / jnp.maximum(count, 1.0),
+                          jnp.nan), metrics)
+  out["episode_return_sum"] = jnp.sum(stats.return_sum)
+  out["episodes"] = jnp.sum(stats.episodes)
+  out["epsilon"] = jnp.mean(epsilon_fn(state.env_steps))
+  out["env_steps"] = state.env_steps
+  out["learner_steps"] = state.learner.steps
+  out["nonfinite_updates"] = state.learner.nonfinite_updates
+  out["first_nonfinite_step"] = state.learner.first_nonfinite_step
+  return out
+
+
+def make_evaluate(env: GymnaxEnv, eval_policy: PolicyFn, eval_episodes: int,
+                  eval_epsilon: float = 0.0):
+  """`evaluate(params, key)`: `eval_episodes` episodes in parallel until each has ended once
+  (or the time limit); returns their returns."""
+  genv, params = env.env, env.params
   greedy_epsilon = jnp.float32(eval_epsilon)
 
   def evaluate(online_params, key):
-    """`eval_episodes` episodes in parallel until each has ended once (or the time limit)."""
     reset_key, key = jax.random.split(key)
     observation, env_state = jax.vmap(genv.reset, in_axes=(0, None))(
         jax.random.split(reset_key, eval_episodes), params)
@@ -275,7 +309,4 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
 
     return jax.lax.while_loop(not_done, body, carry)[2]
 
-  return Anakin(init=init, train_chunk=train_chunk, evaluate=evaluate, learn=learn,
-                learner_step=learner_step, fill_steps=fill_steps,
-                env_steps_per_iteration=env_steps_per_iteration,
-                learner_calls_per_iteration=learner_calls_per_iteration)
+  return evaluate

@@ -85,13 +85,13 @@ def applied_updates(state: TrainingState) -> chex.Array:
 
 
 def init_training_state(networks: Networks, optimizer: optax.GradientTransformation,
-                        key: chex.PRNGKey) -> TrainingState:
-  """Online params from `key`; the target starts as an exact copy."""
+                        key: chex.PRNGKey, target_network: bool = True) -> TrainingState:
+  """Online params from `key`; the target starts as an exact copy (without one: `()`)."""
   key, init_key = jax.random.split(key)
   online_params = networks.init(init_key)
   return TrainingState(
       online_params=online_params,
-      target_params=jax.tree.map(jnp.copy, online_params),
+      target_params=jax.tree.map(jnp.copy, online_params) if target_network else (),
       opt_state=optimizer.init(online_params),
       steps=jnp.zeros((), jnp.int32),
       key=key,
@@ -105,6 +105,8 @@ def make_sgd_step(networks: Networks, loss_fn, optimizer: optax.GradientTransfor
 
   `batch` is a `ReplaySample` (transitions and importance weights). The
   metrics hold scalars plus `priorities` [B], the new replay priorities.
+  `target_update_period` 0 means there is no target network (PQN): the
+  state's `target_params` stay as they are (`()`).
 
   An update whose loss or gradient is not finite (a NaN reward, an
   overflow) is not applied: parameters, target and optimizer state stay as
@@ -146,8 +148,10 @@ def make_sgd_step(networks: Networks, loss_fn, optimizer: optax.GradientTransfor
       applied = updates_so_far > state.opt_state.gradient_step
     else:
       updates_so_far, applied = steps, True
-    target_params = update_target(online_params, state.target_params, updates_so_far,
-                                  target_update_period, target_update_tau, applied)
+    target_params = state.target_params
+    if target_update_period:
+      target_params = update_target(online_params, target_params, updates_so_far,
+                                    target_update_period, target_update_tau, applied)
     nonfinite_updates = state.nonfinite_updates + (~finite).astype(jnp.int32)
     first_nonfinite_step = jnp.where((state.first_nonfinite_step < 0) & ~finite,
                                      steps, state.first_nonfinite_step)

@@ -86,6 +86,31 @@ class QLearningLoss:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReturnRegressionLoss:
+  """Q(s, a) regressed on a return computed beforehand, e.g. PQN's Q(lambda) return.
+
+  `batch` holds `observation`, `action` and `target_return` (leaves [B,
+  ...]); no network is applied to a next observation, as the return
+  already holds the bootstrap.
+
+  Attributes:
+    huber_delta: Huber loss threshold; 0 gives the squared loss 0.5 * td**2 (PQN's).
+  """
+  huber_delta: float = 0.0
+
+  def __call__(self, apply_fn: ApplyFn, online_params: Params, target_params: Params,
+               batch, weights: Optional[chex.Array] = None,
+               mask: Optional[chex.Array] = None):
+    """Returns (scalar loss, LossExtras); `target_params` is not used."""
+    del target_params
+    chex.assert_rank(batch.action, 1)
+    weights, mask = _defaults(batch, weights, mask)
+    q_tm1 = apply_fn(online_params, batch.observation).q_values  # [B, A]
+    td_error = batch.target_return - rlax.batched_index(q_tm1, batch.action)
+    return _td_loss(td_error, q_tm1, weights, mask, self.huber_delta)
+
+
+@dataclasses.dataclass(frozen=True)
 class CategoricalLoss:
   """C51 cross-entropy loss (Bellemare et al. 2017), optionally with double Q.
 

@@ -208,8 +208,9 @@ class AnakinSource(Source):
     self.spec = env.spec
     self._trainer = trainer = builder.make_anakin(env, networks, experiment.eval_episodes)
     self._plan = plan = AnakinPlan(trainer, config, experiment)
-    warning = rate_limiting.ratio_warning(config.batch_size, config.num_sgd_steps_per_step,
-                                          config.samples_per_insert, config.num_envs)
+    warning = None if config.pqn else rate_limiting.ratio_warning(
+        config.batch_size, config.num_sgd_steps_per_step, config.samples_per_insert,
+        config.num_envs)
     if warning:
       loggers.warn(warning)
     saved_devices = None
@@ -311,7 +312,12 @@ class AnakinSource(Source):
 
   def summary_fields(self, final_eval, wall_s, compile_s) -> Dict[str, Any]:
     config, plan, num_seeds = self._config, self._plan, len(self.seeds)
-    learn_env_steps = plan.env_steps - plan.fill_env_steps - config.min_replay_size
+    if config.pqn:  # Every env step is learned from, epochs times.
+      learn_env_steps = plan.env_steps
+      batch_size = plan.steps_per_iteration // config.pqn_minibatches
+    else:
+      learn_env_steps = plan.env_steps - plan.fill_env_steps - config.min_replay_size
+      batch_size = config.batch_size
     steps_all_seeds = (plan.env_steps - self._first_step) * num_seeds
     online_params = jax.device_get(self._state.learner.online_params)  # Once, not per seed.
     return dict(
@@ -326,7 +332,7 @@ class AnakinSource(Source):
         sps_after_compile_all_seeds=steps_all_seeds / (wall_s - compile_s),
         env_steps_per_iteration=plan.steps_per_iteration,
         learner_calls_per_iteration=self._trainer.learner_calls_per_iteration,
-        samples_per_insert_effective=(self.learner_steps * config.batch_size
+        samples_per_insert_effective=(self.learner_steps * batch_size
                                       / max(learn_env_steps, 1)),
         params_checksum=checkpointing.params_checksum(online_params),
         params_checksum_per_seed=[

@@ -9,10 +9,12 @@ import optax
 
 from acme_jax_dqn import actors
 from acme_jax_dqn import anakin
+from acme_jax_dqn import anakin_pqn
 from acme_jax_dqn import adders
 from acme_jax_dqn import learning
 from acme_jax_dqn import losses
 from acme_jax_dqn import networks as networks_lib
+from acme_jax_dqn import pqn
 from acme_jax_dqn import rate_limiting
 from acme_jax_dqn import replay as replay_lib
 from acme_jax_dqn import specs
@@ -47,8 +49,10 @@ class DQNBuilder:
         env_name=env_name)
 
   def make_loss(self):
-    """The variant's loss object: C51, QR-DQN, IQN, Munchausen or (double) Q-learning."""
+    """The variant's loss object: C51, QR-DQN, IQN, Munchausen, PQN's or (double) Q-learning."""
     c = self.config
+    if c.pqn:
+      return losses.ReturnRegressionLoss(huber_delta=c.huber_delta)
     if c.distributional:
       return losses.CategoricalLoss(double_q=c.double_q)
     if c.quantile:
@@ -81,7 +85,7 @@ class DQNBuilder:
     c = self.config
     return learning.make_sgd_step(networks, self.make_loss(),
                                   optimizer or self.make_optimizer(),
-                                  c.target_update_period, c.target_update_tau)
+                                  0 if c.pqn else c.target_update_period, c.target_update_tau)
 
   def importance_sampling_schedule(self) -> optax.Schedule:
     c = self.config
@@ -94,7 +98,11 @@ class DQNBuilder:
   def make_learner_step(self, networks: networks_lib.Networks,
                         replay: replay_lib.Replay,
                         optimizer: Optional[optax.GradientTransformation] = None):
+    """`(state, buffer) -> (state, buffer, metrics)`; PQN's buffer is a rollout [T, E]."""
     c = self.config
+    if c.pqn:
+      return pqn.make_rollout_update(networks, self.make_sgd_step(networks, optimizer),
+                                     c.discount, c.pqn_lambda, c.pqn_epochs, c.pqn_minibatches)
     return learning.make_learner_step(
         self.make_sgd_step(networks, optimizer), replay, c.num_sgd_steps_per_step,
         self.importance_sampling_schedule(), c.priority_epsilon)
@@ -111,8 +119,13 @@ class DQNBuilder:
     return float(self.importance_sampling_schedule()(applied))
 
   def learner_calls_due(self, inserted: int) -> int:
-    """Learner calls the samples-per-insert rule allows after `inserted` replay items."""
+    """Learner calls the samples-per-insert rule allows after `inserted` replay items.
+
+    PQN makes one call per complete rollout (`inserted` counts its steps).
+    """
     c = self.config
+    if c.pqn:
+      return inserted // (c.pqn_rollout_len * c.num_envs)
     return rate_limiting.calls_due(inserted, c.min_replay_size, c.samples_per_insert,
                                    c.samples_per_learner_step)
 
@@ -170,6 +183,14 @@ class DQNBuilder:
     """The fully compiled trainer for a JAX environment, from the same pure parts."""
     c = self.config
     optimizer = self.make_optimizer()
+    if c.pqn:
+      return anakin_pqn.make_pqn_anakin(
+          env, networks, optimizer, self.make_learner_step(networks, None, optimizer),
+          self.make_policy(networks), self.make_epsilon_schedule(num_envs=c.num_envs),
+          num_envs=c.num_envs, rollout_len=c.pqn_rollout_len,
+          sgd_steps_per_rollout=c.sgd_steps_per_learner_step, eval_episodes=eval_episodes,
+          eval_epsilon=c.eval_epsilon, reward_clip=c.reward_clip,
+          eval_policy=self.make_policy(networks, evaluation=True))
     replay = self.make_replay()
     env_steps, learner_calls = rate_limiting.iteration_shape(
         c.samples_per_learner_step, c.samples_per_insert, c.num_envs)
@@ -196,16 +217,28 @@ class DQNBuilder:
 
     The default chunk is what one learner call's ratio asks for (local mode
     writes one chunk per learner call); a replay fed in batches (the
-    distributed replay node) passes its batch size.
+    distributed replay node) passes its batch size. PQN's is a `pqn.RolloutBuffer`.
     """
+    if self.config.pqn:
+      observation = np.zeros(spec.observations.shape, spec.observations.dtype)
+      zeros = np.zeros((self.config.num_envs,), np.float32)
+      example = pqn.RolloutStep(
+          np.stack([observation] * self.config.num_envs), zeros.astype(np.int32), zeros,
+          zeros, zeros, np.stack([observation] * self.config.num_envs), zeros)
+      return pqn.RolloutBuffer(example, self.config.pqn_rollout_len)
     return replay_lib.ReplayBuffer(replay or self.make_replay(),
                                    self.example_transition(spec),
                                    insert_chunk=insert_chunk or self.config.inserts_per_learner_step)
 
-  def make_adder(self, replay_buffer, num_envs: int = 1) -> adders.NStepTransitionAdder:
-    """n-step transitions into `replay_buffer` (a `ReplayBuffer`, or any callable sink)."""
+  def make_adder(self, replay_buffer, num_envs: int = 1):
+    """n-step transitions into `replay_buffer` (a `ReplayBuffer`, or any callable sink).
+
+    PQN's adder writes every step to its `RolloutBuffer`.
+    """
     sink = getattr(replay_buffer, "insert", replay_buffer)
     c = self.config
+    if c.pqn:
+      return pqn.RolloutAdder(sink, num_envs, reward_clip=c.reward_clip)
     return adders.NStepTransitionAdder(sink, c.n_step, c.discount, num_envs,
                                        reward_clip=c.reward_clip)
 
@@ -214,8 +247,8 @@ class DQNBuilder:
                    key: chex.PRNGKey) -> learning.Learner:
     optimizer = self.make_optimizer()
     # One compiled call instead of one small compilation per eager Haiku/optax op.
-    state = jax.jit(learning.init_training_state, static_argnums=(0, 1))(
-        networks, optimizer, key)
+    state = jax.jit(learning.init_training_state, static_argnums=(0, 1, 3))(
+        networks, optimizer, key, not self.config.pqn)
     learner_step = self.make_learner_step(networks, replay_buffer.replay, optimizer)
     return learning.Learner(learner_step, replay_buffer, state)
 

@@ -24,9 +24,9 @@ _SAME_EXPERIMENT_FIELDS = ("env", "run_mode", "num_seeds", "seed", "prng_impl")
 _SAME_CONFIG_FIELDS = ("num_envs", "n_step")
 # Config fields whose value sets the shapes of the network's parameters (any change).
 _NETWORK_FIELDS = ("hidden_sizes", "dueling", "distributional", "quantile", "layer_norm",
-                   "noisy", "noisy_torso", "iqn")
+                   "noisy", "noisy_torso", "iqn", "pqn")  # PQN's state has no target params.
 # Config fields whose value sets the replay buffer's state (when the replay is saved).
-_REPLAY_FIELDS = ("replay_capacity", "prioritized")
+_REPLAY_FIELDS = ("replay_capacity", "prioritized", "pqn_rollout_len")
 # Experiment fields that never matter for the resumed computation.
 _RUN_ONLY_FIELDS = ("logdir", "quiet", "resume", "checkpoint_dir", "checkpoint_every",
                     "keep_checkpoints", "compilation_cache_dir", "one_cpu_core",

@@ -37,6 +37,11 @@ class DQNConfig:
     noisy: factorised Gaussian noisy layers in the head (Fortunato et al. 2018): fresh noise per learner step (online and target apart) and per acting step, mean weights at evaluation. On the command line it sets epsilon_start and epsilon_end to 0 unless they are given.
     noisy_torso: noisy layers in the torso's MLP too (with noisy).
     noisy_sigma0: sigma0 of the noisy layers' initial noise scale, sigma0 / sqrt(fan_in) (0.5 in the paper).
+    pqn: PQN (Gallici et al. 2024): no target network and no replay; each update collects num_envs x pqn_rollout_len steps, computes Q(lambda) returns (terminations and truncations kept apart) and runs pqn_epochs epochs of pqn_minibatches minibatches. Anakin and local modes; use it with layer_norm.
+    pqn_lambda: lambda of PQN's Q(lambda) returns (0.65 in the paper's MinAtar and Atari runs; 0 is one-step Q-learning).
+    pqn_rollout_len: env steps of every env copy in one PQN rollout.
+    pqn_epochs: passes over each rollout.
+    pqn_minibatches: minibatches per pass; num_envs x pqn_rollout_len must divide evenly by it.
     hidden_sizes: MLP layer sizes (after the convolutions for image torsos).
     torso: "auto" (MLP for vectors, Nature conv for images, MinAtar conv for images under 36x36), "mlp", "nature_conv" or "minatar_conv".
     huber_delta: Huber loss threshold; 0 uses the squared loss 0.5 * td**2.
@@ -95,6 +100,11 @@ class DQNConfig:
   noisy: bool = False
   noisy_torso: bool = False
   noisy_sigma0: float = 0.5
+  pqn: bool = False
+  pqn_lambda: float = 0.65
+  pqn_rollout_len: int = 32
+  pqn_epochs: int = 2
+  pqn_minibatches: int = 32
   hidden_sizes: Tuple[int, ...] = (256, 256)
   torso: str = "auto"
   huber_delta: float = 1.0
@@ -132,6 +142,13 @@ class DQNConfig:
   def __post_init__(self):
     object.__setattr__(self, "hidden_sizes", tuple(int(h) for h in self.hidden_sizes))
     _check(self)
+
+  @property
+  def sgd_steps_per_learner_step(self) -> int:
+    """SGD steps in one learner call (PQN: one call per rollout, epochs x minibatches)."""
+    if self.pqn:
+      return self.pqn_epochs * self.pqn_minibatches
+    return self.num_sgd_steps_per_step
 
   @property
   def samples_per_learner_step(self) -> int:
@@ -186,7 +203,7 @@ def _check(c: DQNConfig) -> None:
                   "target_update_period", "num_envs", "num_sgd_steps_per_step",
                   "gradient_accumulation_steps", "variable_update_period", "num_quantiles",
                   "iqn_num_cosines", "iqn_num_taus", "iqn_num_target_taus",
-                  "iqn_num_policy_taus")
+                  "iqn_num_policy_taus", "pqn_rollout_len", "pqn_epochs", "pqn_minibatches")
   for name in at_least_one:
     value = getattr(c, name)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -265,6 +282,10 @@ def _check(c: DQNConfig) -> None:
                  if getattr(c, name))
     fail("munchausen", True, f"Munchausen DQN's soft target works on Q-values with its own "
          f"bootstrap (no greedy action), so it does not combine with `{other}`; drop one.")
+  if not 0.0 <= c.pqn_lambda <= 1.0:
+    fail("pqn_lambda", c.pqn_lambda, "must lie in [0, 1] (0.65 in the paper).")
+  if c.pqn:
+    _check_pqn(c)
   if c.min_replay_size > c.replay_capacity:
     fail("min_replay_size", c.min_replay_size,
           f"is above `replay_capacity`={c.replay_capacity}, so learning would "
@@ -276,3 +297,30 @@ def _check(c: DQNConfig) -> None:
   if c.batch_size > c.replay_capacity:
     fail("batch_size", c.batch_size,
           f"is above `replay_capacity`={c.replay_capacity}; raise the capacity.")
+
+
+# What PQN cannot take: each needs replay, a target network or a bootstrap it has not.
+_NOT_WITH_PQN = {
+    "prioritized": "PQN learns from each rollout once, in order: there is no replay to prioritize",
+    "double_q": "double Q picks the bootstrap action online and evaluates it on a target "
+                "network, and PQN has none",
+    "distributional": "PQN regresses Q-values on Q(lambda) returns; C51 is not built for it",
+    "quantile": "PQN regresses Q-values on Q(lambda) returns; QR-DQN is not built for it",
+    "iqn": "PQN regresses Q-values on Q(lambda) returns; IQN is not built for it",
+    "munchausen": "PQN's Q(lambda) return has no soft bootstrap",
+    "noisy": "PQN explores by its epsilon schedule; noisy layers are not built for it",
+}
+
+
+def _check_pqn(c: DQNConfig) -> None:
+  for name, why in _NOT_WITH_PQN.items():
+    if getattr(c, name):
+      fail(name, True, f"{why}. Drop `{name}` or `pqn`.")
+  if c.n_step != 1:
+    fail("n_step", c.n_step, "PQN's Q(lambda) return already mixes multi-step returns "
+         "(`pqn_lambda`); set `n_step`=1.")
+  steps = c.num_envs * c.pqn_rollout_len
+  if steps % c.pqn_minibatches:
+    fail("pqn_minibatches", c.pqn_minibatches,
+         f"must divide a rollout's `num_envs` x `pqn_rollout_len` = {steps} steps evenly; "
+         "pick a divisor, or change `num_envs` or `pqn_rollout_len`.")

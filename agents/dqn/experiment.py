@@ -12,7 +12,7 @@ from typing import Any, Dict
 from acme_jax_dqn import xla_setup
 from agents.dqn import checkpoints
 from agents.dqn import run_loop
-from agents.dqn.config import DQNConfig
+from agents.dqn.config import ConfigError, DQNConfig
 from agents.dqn.experiment_config import ExperimentConfig
 
 __all__ = ["ExperimentConfig", "make_source", "run_experiment"]
@@ -20,6 +20,11 @@ __all__ = ["ExperimentConfig", "make_source", "run_experiment"]
 
 def make_source(experiment: ExperimentConfig, config: DQNConfig) -> run_loop.Source:
   """The run mode's source (builds, and in anakin mode compiles, the program)."""
+  if config.pqn and experiment.run_mode == "distributed":
+    raise ConfigError(
+        "`pqn`=True with `run_mode`=distributed: PQN learns from each rollout once, with the "
+        "parameters that collected it, so Ray actors acting on older parameters would make "
+        "its Q(lambda) targets off-policy. Use `run_mode`=anakin (gymnax) or local.")
   if experiment.run_mode == "anakin":
     from agents.dqn.anakin import AnakinSource  # pylint: disable=import-outside-toplevel
     return AnakinSource(experiment, config)  # Imports gymnax only when asked.

@@ -62,7 +62,7 @@ class LocalAgent:
   @property
   def learner_steps(self) -> int:
     """SGD steps taken (learner calls times SGD steps per call)."""
-    return self.learner_calls * self.config.num_sgd_steps_per_step
+    return self.learner_calls * self.config.sgd_steps_per_learner_step
 
   def checkpoint(self, include_replay: bool = True):
     """(arrays, host): what exact resume needs, for `checkpointing.Checkpointer.save`.
@@ -110,6 +110,8 @@ class LocalAgent:
     has its chunk and the plain step is never used (nor compiled).
     """
     c = self.config
+    if c.pqn:  # One call per rollout, always with that rollout.
+      return False
     one_at_a_time = c.num_envs == 1 and c.n_step == 1
     exact = c.inserts_per_learner_step * c.samples_per_insert == c.samples_per_learner_step
     return not (one_at_a_time and exact)

@@ -48,6 +48,8 @@ STRUCTURE_CASES = [
     ({}, {"layer_norm": True}, ["layer_norm"]),
     ({}, {"noisy": True}, ["noisy"]),
     ({"noisy": True}, {"noisy": True, "noisy_torso": True}, ["noisy_torso"]),
+    ({"layer_norm": True}, {"layer_norm": True, "pqn": True}, ["pqn"]),  # No target params.
+    ({"pqn": True}, {"pqn": True, "pqn_lambda": 0.3, "pqn_epochs": 3}, []),
 ]
 
 

@@ -239,3 +239,19 @@ def test_resume_with_another_learning_rate_warns_naming_the_flag_and_continues(s
   assert "--epsilon_end=0.1 (checkpoint: 0.05)" in warning[0]
   summary = json.loads((logdir / "summary.json").read_text())
   assert summary["resumed_from_step"] == 400 and summary["env_steps"] == 800
+
+
+def test_local_pqn_sigkill_then_resume_is_exact(tmp_path):
+  """PQN's half-collected rollout and the adder's last observations come back with the run."""
+  args = ("--total_steps=1200", "--checkpoint_every=300", "--log_every=100", "--pqn",
+          "--layer_norm", "--num_envs=2", "--pqn_rollout_len=40", "--pqn_minibatches=4")
+  full, killed = tmp_path / "full", tmp_path / "killed"
+  result = run_dqn(f"--logdir={full}", *args)
+  assert result.returncode == 0, result.stderr[-3000:]
+  result = run_dqn(f"--logdir={killed}", *args, kill_at=700)
+  assert result.returncode == -signal.SIGKILL
+  saved = max(int(d) for d in os.listdir(killed / "checkpoints"))
+  assert saved in (600, 601)
+  result = run_dqn(f"--logdir={killed}", *args, "--resume")
+  assert result.returncode == 0, result.stderr[-3000:]
+  _assert_same_run(full, killed, resumed_from=saved)

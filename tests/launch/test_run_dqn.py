@@ -165,6 +165,8 @@ OUT_OF_RANGE = {
     "iqn_num_cosines": (0, "--iqn_num_cosines"), "iqn_num_taus": (0, "--iqn_num_taus"),
     "iqn_num_target_taus": (0, "--iqn_num_target_taus"),
     "iqn_num_policy_taus": (0, "--iqn_num_policy_taus"),
+    "pqn_lambda": (1.5, "--pqn_lambda"), "pqn_rollout_len": (0, "--pqn_rollout_len"),
+    "pqn_epochs": (0, "--pqn_epochs"), "pqn_minibatches": (0, "--pqn_minibatches"),
 }
 EXPERIMENT_OUT_OF_RANGE = {
     "seed": (-1, "--seed"), "total_steps": (0, "--total_steps"),
