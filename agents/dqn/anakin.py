@@ -310,6 +310,9 @@ class AnakinSource(Source):
     return (self.env_steps, {"anakin": self._state}, host, meta,
             jax.device_get(learner.online_params))
 
+  def params(self):
+    return jax.device_get(self._state.learner.online_params)  # Leaves [num_seeds, ...].
+
   def summary_fields(self, final_eval, wall_s, compile_s) -> Dict[str, Any]:
     config, plan, num_seeds = self._config, self._plan, len(self.seeds)
     if config.pqn:  # Every env step is learned from, epochs times.

@@ -341,6 +341,9 @@ class DistributedSource(Source):
                                 first_nonfinite_step=int(state.first_nonfinite_step))
     return saved
 
+  def params(self):  # The final checkpoint took the learner's newest state.
+    return jax.device_get(self._program.learner_snapshot["state"].online_params)
+
   def finish(self) -> None:
     """Closes the replay, stops the actors and waits for the learner's last call."""
     ray = self._ray

@@ -7,15 +7,16 @@ CheckpointError naming the field).
 """
 
 import time
-from typing import Any, Dict
+from typing import Any, Dict, Optional, Tuple
 
+from acme_jax_dqn import callbacks as callbacks_lib
 from acme_jax_dqn import xla_setup
 from agents.dqn import checkpoints
 from agents.dqn import run_loop
 from agents.dqn.config import ConfigError, DQNConfig
 from agents.dqn.experiment_config import ExperimentConfig
 
-__all__ = ["ExperimentConfig", "make_source", "run_experiment"]
+__all__ = ["ExperimentConfig", "make_source", "run_experiment", "train"]
 
 
 def make_source(experiment: ExperimentConfig, config: DQNConfig) -> run_loop.Source:
@@ -35,11 +36,18 @@ def make_source(experiment: ExperimentConfig, config: DQNConfig) -> run_loop.Sou
   return LocalSource(experiment, config)
 
 
-def run_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str, Any]:
+def run_experiment(experiment: ExperimentConfig, config: DQNConfig,
+                   callbacks: Optional[callbacks_lib.CallbackList] = None) -> Dict[str, Any]:
   """Trains in the experiment's run mode; writes train.csv, eval.csv and summary.json.
 
   Returns the summary (the contents of summary.json).
   """
+  return train(experiment, config, callbacks)[0]
+
+
+def train(experiment: ExperimentConfig, config: DQNConfig,
+          callbacks: Optional[callbacks_lib.CallbackList] = None) -> Tuple[Dict[str, Any], Any]:
+  """`run_experiment`, returning (summary, the final online parameters on the host)."""
   checkpoints.check_output_paths(experiment)
   xla_setup.enable_compilation_cache(experiment.compilation_cache_dir)
   if experiment.run_mode == "local":
@@ -59,6 +67,7 @@ def run_experiment(experiment: ExperimentConfig, config: DQNConfig) -> Dict[str,
     start = time.perf_counter()  # compile_s counts from here.
     source = make_source(experiment, config)
     try:
-      return run_loop.run(experiment, config, source, start)
+      summary = run_loop.run(experiment, config, source, start, callbacks)
+      return summary, source.params()
     finally:
       source.close()

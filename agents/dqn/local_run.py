@@ -158,6 +158,9 @@ class LocalSource(Source):
     return (self.env_steps, arrays, host, meta,
             jax.device_get(arrays["learner"].online_params))
 
+  def params(self):
+    return jax.device_get(self.agent.learner.state.online_params)
+
   def summary_fields(self, final_eval, wall_s, compile_s) -> Dict[str, Any]:
     episodes = self._loop.episodes
     state = self.agent.learner.state

@@ -20,6 +20,7 @@ import dataclasses
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from acme_jax_dqn import callbacks as callbacks_lib
 from acme_jax_dqn import loggers
 from agents.dqn import checkpoints
 from agents.dqn import run_checks
@@ -95,6 +96,10 @@ class Source(abc.ABC):
     """The run mode's own summary.json fields."""
     return {}
 
+  def params(self) -> Any:
+    """The online parameters now, on the host (anakin: stacked over seeds)."""
+    return self.checkpoint()[4]
+
 
 def make_run_loggers(experiment, config,
                      resumed_from: Optional[int] = None) -> loggers.RunLoggers:
@@ -118,22 +123,32 @@ def _first(*steps: Optional[int]) -> int:
   return min(s for s in steps if s is not None)
 
 
-def run(experiment, config, source: Source, start: float) -> Dict[str, Any]:
+def run(experiment, config, source: Source, start: float,
+        callbacks: Optional[callbacks_lib.CallbackList] = None) -> Dict[str, Any]:
   """Drives `source` to the end of its budget; writes the run's files and returns the summary.
 
   `start` is when the run began (time.perf_counter()): `compile_s` is all
-  the time before the first advance.
+  the time before the first advance. `callbacks` see the start, every
+  train and eval row and the summary, and may stop training early
+  (acme_jax_dqn/callbacks.py).
   """
+  callbacks = callbacks or callbacks_lib.CallbackList()
   run_checkpoints = checkpoints.RunCheckpoints(experiment, config)
   try:
-    summary = _drive(experiment, config, source, start, run_checkpoints)
+    summary = _drive(experiment, config, source, start, run_checkpoints, callbacks)
   finally:
     run_checkpoints.close()
   summary_lib.write_summary(experiment.logdir, summary)
+  try:
+    callbacks("train_end", summary)
+  except callbacks_lib.CallbackError as error:
+    raise callbacks_lib.CallbackError(
+        f"{error}, after the run finished: summary.json and the final checkpoint are "
+        "saved.") from error.__cause__
   return summary
 
 
-def _drive(experiment, config, source: Source, start: float, run_checkpoints):
+def _drive(experiment, config, source: Source, start: float, run_checkpoints, callbacks):
   """`run`'s loop; returns the summary."""
   eval_rows: List[Dict[str, Any]] = []
   resumed_from = None
@@ -155,6 +170,7 @@ def _drive(experiment, config, source: Source, start: float, run_checkpoints):
                                  returns, source.seeds)
       run_log.eval({k: v for k, v in row.items() if k != "eval_return_per_seed"})
       eval_rows.append(row)
+      callbacks("eval", row)
 
   def evaluate(wait: bool) -> bool:
     nonlocal eval_s
@@ -185,40 +201,58 @@ def _drive(experiment, config, source: Source, start: float, run_checkpoints):
   # block, also on an error or a stop.
   with checkpoints.Preemption() as preemption, \
       make_run_loggers(experiment, config, resumed_from) as run_log:
+    try:
+      callbacks("train_start", {
+          "run_mode": experiment.run_mode, "env": experiment.env,
+          "total_steps": experiment.total_steps, "env_steps": first_step,
+          "seeds": list(source.seeds or [experiment.seed]), "logdir": experiment.logdir,
+          "config": dataclasses.asdict(config), "experiment": dataclasses.asdict(experiment)})
+    except callbacks_lib.CallbackError as error:
+      raise callbacks_lib.CallbackError(
+          f"{error}, before training: nothing was trained and no checkpoint changed.") \
+          from error.__cause__
     train_start = time.perf_counter()
-    while not source.done:
-      source.advance(_first(next_log, next_eval, next_save, experiment.total_steps),
-                     preemption.requested)
-      env_steps = source.env_steps
-      log_evals(source.finished_evals())
-      if source.row_every_advance or env_steps >= next_log or source.done:
-        next_log = checkpoints.next_multiple(env_steps, experiment.log_every)
-        elapsed = time.perf_counter() - train_start - eval_s
-        run_log.train({"env_steps": env_steps, "learner_steps": source.learner_steps,
-                       "wall_s": time.perf_counter() - start,
-                       "sps": (env_steps - first_step) / max(elapsed, 1e-9),
-                       **source.train_fields()})
-        check_finite()
-      else:
-        run_log.progress(env_steps)
-      if source.done:
-        run_checkpoints.maybe_kill(env_steps)  # Tests of a kill before the final save.
-        break
-      if next_eval is not None and env_steps + source.eval_slack >= next_eval:
-        if evaluate(wait=False):
-          next_eval = checkpoints.next_multiple(env_steps + source.eval_slack, every)
-      if run_checkpoints.due(env_steps, next_save):
-        saved_at, _ = save()
-        next_save = checkpoints.next_multiple(saved_at, run_checkpoints.every)
-      if preemption.requested():
-        saved_at, path = save()
-        raise checkpoints.RunInterrupted(preemption.signum, saved_at, path)
-      run_checkpoints.maybe_kill(env_steps)
-    source.finish()
-    log_evals(source.finished_evals(wait=True))
-    check_finite()
-    if not final_eval_done():
-      evaluate(wait=True)
+    try:
+      while not source.done and not callbacks.stop_requested:
+        source.advance(_first(next_log, next_eval, next_save, experiment.total_steps),
+                       preemption.requested)
+        env_steps = source.env_steps
+        log_evals(source.finished_evals())
+        if source.row_every_advance or env_steps >= next_log or source.done:
+          next_log = checkpoints.next_multiple(env_steps, experiment.log_every)
+          elapsed = time.perf_counter() - train_start - eval_s
+          row = {"env_steps": env_steps, "learner_steps": source.learner_steps,
+                 "wall_s": time.perf_counter() - start,
+                 "sps": (env_steps - first_step) / max(elapsed, 1e-9), **source.train_fields()}
+          run_log.train(row)
+          check_finite()
+          callbacks("log", row)
+        else:
+          run_log.progress(env_steps)
+        if source.done:
+          run_checkpoints.maybe_kill(env_steps)  # Tests of a kill before the final save.
+          break
+        if next_eval is not None and env_steps + source.eval_slack >= next_eval:
+          if evaluate(wait=False):
+            next_eval = checkpoints.next_multiple(env_steps + source.eval_slack, every)
+        if run_checkpoints.due(env_steps, next_save):
+          saved_at, _ = save()
+          next_save = checkpoints.next_multiple(saved_at, run_checkpoints.every)
+        if preemption.requested():
+          saved_at, path = save()
+          raise checkpoints.RunInterrupted(preemption.signum, saved_at, path)
+        run_checkpoints.maybe_kill(env_steps)
+      source.finish()
+      log_evals(source.finished_evals(wait=True))
+      check_finite()
+      if not final_eval_done():
+        evaluate(wait=True)
+    except callbacks_lib.CallbackError as error:
+      saved_at, path = save()  # The run so far is kept: resume continues it.
+      kept = (f"checkpoint saved to {path} (continue with `resume`)" if path else
+              "checkpoints are off (`save_checkpoints`=False), nothing saved")
+      raise callbacks_lib.CallbackError(
+          f"{error}, at env step {saved_at}: the run stopped; {kept}.") from error.__cause__
     wall_s = time.perf_counter() - start
     run_log.close()
     try:  # The final checkpoint: to resume with a larger budget, or for launch.evaluate.
@@ -232,5 +266,7 @@ def _drive(experiment, config, source: Source, start: float, run_checkpoints):
       wall_s=wall_s, compile_s=compile_s, eval_s=eval_s, final_eval=final, spec=source.spec,
       steps_this_start=source.env_steps - first_step)
   summary.update(source.summary_fields(final, wall_s, compile_s),
-                 **summary_lib.checkpoint_summary(run_checkpoints, resumed_from))
+                 **summary_lib.checkpoint_summary(run_checkpoints, resumed_from),
+                 stopped_early=callbacks.stop_requested and not source.done,
+                 stopped_by=callbacks.stopped_by)
   return summary
