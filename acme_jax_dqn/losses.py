@@ -232,7 +232,7 @@ class MunchausenLoss:
 
   With the target network's policy pi = softmax(q_target / tau):
 
-    target = r + alpha * tau * clip(log pi(a|s), l0, 0)
+    target = r + alpha * clip(tau * log pi(a|s), l0, 0)
                + discount * sum_a' pi(a'|s') (q_target(s', a') - tau * log pi(a'|s'))
 
   and the Huber (or squared) loss of target - q(s, a). With n-step
@@ -241,7 +241,7 @@ class MunchausenLoss:
   Attributes:
     alpha: scale of the log-policy bonus (0.9 in the paper).
     tau: entropy temperature (0.03).
-    clip_min: l0, the lower clip of the log-policy bonus (-1).
+    clip_min: l0, the lower clip of the scaled log-policy tau * log pi (-1).
     huber_delta: Huber loss threshold; 0 gives the squared loss.
   """
   alpha: float = 0.9
@@ -261,7 +261,7 @@ class MunchausenLoss:
     q_t_target = apply_fn(target_params, batch.next_observation).q_values  # [B, A]
     log_pi_tm1 = jax.nn.log_softmax(q_tm1_target / self.tau, axis=-1)
     bonus = jnp.take_along_axis(log_pi_tm1, batch.action[:, None], axis=-1)[:, 0]
-    bonus = self.alpha * self.tau * jnp.clip(bonus, self.clip_min, 0.0)
+    bonus = self.alpha * jnp.clip(self.tau * bonus, self.clip_min, 0.0)
     log_pi_t = jax.nn.log_softmax(q_t_target / self.tau, axis=-1)
     soft_value_t = jnp.sum(jnp.exp(log_pi_t) * (q_t_target - self.tau * log_pi_t), axis=-1)
     target = jax.lax.stop_gradient(batch.reward + bonus + batch.discount * soft_value_t)

@@ -27,7 +27,7 @@ class DQNConfig:
     munchausen: Munchausen DQN's target (Vieillard et al. 2020): a scaled, clipped log-policy bonus and a soft (entropy-regularised) bootstrap.
     munchausen_alpha: scale of the log-policy bonus (0.9 in the paper).
     munchausen_tau: entropy temperature of the softmax policy (0.03 in the paper).
-    munchausen_clip: l0, the lower clip of the log-policy bonus (-1 in the paper).
+    munchausen_clip: l0, the lower clip of the scaled log-policy tau * log pi in the bonus (-1 in the paper).
     layer_norm: a LayerNorm before each hidden ReLU of the torso's MLP (any variant).
     iqn: IQN (Dabney et al. 2018b): quantiles at sampled fractions, embedded by cosines; the quantile Huber loss (quantile_huber_kappa) over N x N' sampled fractions, the greedy action from K; double_q and dueling compose with it.
     iqn_num_cosines: cosines of the fraction embedding (64 in the paper).

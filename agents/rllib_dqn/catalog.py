@@ -27,7 +27,8 @@ def kit_config(model_config: Mapping[str, Any], algo_config: Optional[Any] = Non
   (more than 1 is C51, `distributional`), `v_min`, `v_max`, and the
   torso's layers `fcnet_hiddens` followed by RLlib's head layers
   `hiddens` (the kit's heads are one linear layer per stream, so RLlib's
-  head layers become shared torso layers). From the algorithm config,
+  head layers become shared torso layers), with a LayerNorm before each
+  ReLU under `fcnet_use_layernorm`. From the algorithm config,
   when given: `gamma`, `lr`, `grad_clip` (global norm), `adam_epsilon`
   and `td_error_loss_fn` ("huber" is a Huber loss with delta 1, "mse" the
   squared loss 0.5 * td**2).
@@ -40,7 +41,8 @@ def kit_config(model_config: Mapping[str, Any], algo_config: Optional[Any] = Non
                 distributional=num_atoms > 1, num_atoms=max(num_atoms, 2),
                 v_min=float(model_config.get("v_min", -10.0)),
                 v_max=float(model_config.get("v_max", 10.0)),
-                hidden_sizes=hiddens, torso="mlp")
+                hidden_sizes=hiddens, torso="mlp",
+                layer_norm=bool(model_config.get("fcnet_use_layernorm", False)))
   if algo_config is not None:
     fields.update(discount=float(algo_config.gamma), learning_rate=float(algo_config.lr),
                   max_grad_norm=float(algo_config.grad_clip or 0.0),

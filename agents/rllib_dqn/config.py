@@ -53,13 +53,17 @@ class JaxDQNConfig(RLlibDQNConfig):
             "the JAX module acts epsilon-greedily on Q-values; it has no temperature"),
         "fcnet_activation": (self.model_config.get("fcnet_activation", "relu") != "relu",
                              "the kit's MLP torso uses ReLU"),
+        "use_lstm": (bool(self.model_config.get("use_lstm")),
+                     "the JAX module has no recurrent state"),
+        "conv_filters": (bool(self.model_config.get("conv_filters")),
+                         "the JAX module's torso is an MLP over Box observations"),
     }
     for option, (bad, why) in refused.items():
       if bad:
         value = getattr(self, option, None)
         if option == "framework":
           value = self.framework_str
-        elif option == "fcnet_activation":
+        elif option in ("fcnet_activation", "use_lstm", "conv_filters"):
           value = self.model_config.get(option)
         raise ConfigError(f"`{option}`={value!r}: {why}.")
     super().validate()

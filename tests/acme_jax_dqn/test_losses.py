@@ -226,7 +226,7 @@ def test_munchausen_target_by_hand(huber_delta):
       z = q / tau
       return z - (np.max(z) + np.log(np.sum(np.exp(z - np.max(z)))))
 
-    bonus = alpha * tau * min(max(log_policy(q_s_target)[batch.action[i]], l0), 0.0)
+    bonus = alpha * min(max(tau * log_policy(q_s_target)[batch.action[i]], l0), 0.0)
     pi_next, log_pi_next = np.exp(log_policy(q_next_target)), log_policy(q_next_target)
     soft_value = sum(pi_next[b] * (q_next_target[b] - tau * log_pi_next[b]) for b in range(A))
     td = (batch.reward[i] + bonus + batch.discount[i] * soft_value
@@ -236,7 +236,7 @@ def test_munchausen_target_by_hand(huber_delta):
                  else huber_delta * (abs(td) - 0.5 * huber_delta))
   np.testing.assert_allclose(extras.td_error, expected_td, rtol=1e-4, atol=1e-4)
   np.testing.assert_allclose(loss, np.mean(terms), rtol=1e-4)
-  assert float(extras.metrics["munchausen_bonus_mean"]) <= 0.0  # log pi <= 0, clipped at l0.
+  assert float(extras.metrics["munchausen_bonus_mean"]) <= 0.0  # tau log pi <= 0, clipped at l0.
 
 
 def _iqn_apply(params, observation, num_taus):

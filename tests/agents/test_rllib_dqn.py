@@ -180,6 +180,7 @@ def test_rllib_dqn_with_the_jax_module_learns_cartpole_and_restores_exactly(tmp_
     (lambda c: c.training(lr=[[0, 1e-3], [1000, 1e-4]]), "lr"),
     (lambda c: c.training(grad_clip=10.0, grad_clip_by="value"), "grad_clip_by"),
     (lambda c: c.framework("tf2"), "framework"),
+    (lambda c: c.rl_module(model_config={"use_lstm": True}), "use_lstm"),
 ])
 def test_an_option_the_kit_cannot_honour_is_refused_naming_it(change, option):
   with pytest.raises(ConfigError, match=f"^`{option}`=") as raised:
@@ -187,12 +188,18 @@ def test_an_option_the_kit_cannot_honour_is_refused_naming_it(change, option):
   assert "\n" not in str(raised.value)
 
 
+def test_an_unknown_rllib_option_is_named():
+  with pytest.raises(TypeError, match="unexpected keyword argument 'double_qq'"):
+    _config(double_qq=True)
+
+
 def test_kit_config_maps_rllib_options():
   kit = kit_config({"double_q": True, "dueling": False, "num_atoms": 51, "v_min": 0,
-                    "v_max": 100, "fcnet_hiddens": [32], "hiddens": [16]},
+                    "v_max": 100, "fcnet_hiddens": [32], "hiddens": [16],
+                    "fcnet_use_layernorm": True},
                    _config(td_error_loss_fn="mse", gamma=0.95, lr=2e-4))
   assert (kit.double_q, kit.dueling, kit.distributional, kit.num_atoms) == (True, False, True, 51)
-  assert (kit.v_min, kit.v_max, kit.hidden_sizes) == (0.0, 100.0, (32, 16))
+  assert (kit.v_min, kit.v_max, kit.hidden_sizes, kit.layer_norm) == (0.0, 100.0, (32, 16), True)
   assert (kit.huber_delta, kit.discount, kit.learning_rate) == (0.0, 0.95, 2e-4)
 
 
