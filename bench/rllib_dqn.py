@@ -158,9 +158,11 @@ def main(argv):
                   f"{mean('sps', 'jax') / mean('sps', 'torch'):.2f}x; wall s of the runs "
                   f"{mean('wall_s', 'jax') / mean('wall_s', 'torch'):.2f}x.")
     print(ratios[0])
+  compared = (" against RLlib's torch DQN, same settings, one process each, alternating"
+              if len(FLAGS.frameworks) > 1 else "")
   harness.write_table(FLAGS.out, harness.command_line(), header, table, notes=[*ratios,
-      "compared: RLlib's DQN on gymnasium CartPole-v1 with the kit's JAX RLModule and Learner "
-      "against RLlib's torch DQN, same settings, one process each, alternating.",
+      "compared: RLlib's DQN on gymnasium CartPole-v1 with the kit's JAX RLModule and Learner"
+      f"{compared}.",
       f"settings: {settings}; replay: RLlib's default PrioritizedEpisodeReplayBuffer; "
       f"num_env_runners={FLAGS.num_env_runners}."])
   for framework in FLAGS.frameworks:
