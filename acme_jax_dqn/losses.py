@@ -272,6 +272,60 @@ class MunchausenLoss:
     return loss, extras
 
 
+@dataclasses.dataclass(frozen=True)
+class MunchausenImplicitQuantileLoss:
+  """M-IQN (Vieillard et al. 2020): IQN's quantile regression toward the Munchausen target.
+
+  With the target network's Q-values from `num_policy_taus` (K) fractions
+  and pi = softmax(q_target / tau), each of the `num_target_taus` (N')
+  target quantiles theta'_j gives one target sample
+
+    T_j = r + alpha * clip(tau * log pi(a|s), l0, 0)
+            + discount * sum_a' pi(a'|s') (theta'_j(s', a') - tau * log pi(a'|s')),
+
+  and the online quantiles of the taken action at `num_taus` (N) fractions
+  regress on them by the quantile Huber loss (`rlax.quantile_regression_loss`).
+  New priorities are the per-example loss.
+  """
+  num_taus: int = 64
+  num_target_taus: int = 64
+  num_policy_taus: int = 32
+  alpha: float = 0.9
+  tau: float = 0.03
+  clip_min: float = -1.0
+  huber_kappa: float = 1.0
+
+  def __call__(self, apply_fn: ApplyFn, online_params: Params,
+               target_params: Params, batch: Transition,
+               weights: Optional[chex.Array] = None,
+               mask: Optional[chex.Array] = None):
+    """Returns (scalar loss, LossExtras) for a batch of transitions."""
+    chex.assert_rank(batch.action, 1)
+    weights, mask = _defaults(batch, weights, mask)
+    out_tm1 = apply_fn(online_params, batch.observation, num_taus=self.num_taus)
+    out_t = apply_fn(target_params, batch.next_observation, num_taus=self.num_target_taus)
+    q_s = apply_fn(target_params, batch.observation, num_taus=self.num_policy_taus).q_values
+    q_next = apply_fn(target_params, batch.next_observation,
+                      num_taus=self.num_policy_taus).q_values
+    log_pi_s = jax.nn.log_softmax(q_s / self.tau, axis=-1)
+    log_pi_taken = jnp.take_along_axis(log_pi_s, batch.action[:, None], axis=-1)[:, 0]
+    bonus = self.alpha * jnp.clip(self.tau * log_pi_taken, self.clip_min, 0.0)
+    log_pi_next = jax.nn.log_softmax(q_next / self.tau, axis=-1)  # [B, A]
+    soft_quantiles = jnp.sum(jnp.exp(log_pi_next)[:, :, None] * (
+        out_t.quantiles - self.tau * log_pi_next[:, :, None]), axis=1)  # [B, N']
+    targets = jax.lax.stop_gradient(
+        (batch.reward + bonus)[:, None] + batch.discount[:, None] * soft_quantiles)
+    taken = jnp.take_along_axis(out_tm1.quantiles, batch.action[:, None, None], axis=1)[:, 0]
+    per_example = jax.vmap(rlax.quantile_regression_loss, in_axes=(0, 0, 0, None))(
+        taken, out_tm1.taus, targets, self.huber_kappa)
+    loss = _weighted_mean(per_example, weights, mask)
+    td_error = jnp.mean(targets, axis=-1) - jax.lax.stop_gradient(jnp.mean(taken, axis=-1))
+    metrics = _td_metrics(td_error, jax.lax.stop_gradient(out_tm1.q_values), mask)
+    metrics["munchausen_bonus_mean"] = jnp.sum(bonus * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    return loss, LossExtras(td_error=td_error, priorities=jax.lax.stop_gradient(per_example),
+                            metrics=metrics)
+
+
 def _td_loss(td_error, q_tm1, weights, mask, huber_delta: float):
   """Huber (or squared, `huber_delta` 0) TD loss; priorities |TD error|, as every Q-value loss."""
   if huber_delta > 0:

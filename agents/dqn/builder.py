@@ -49,7 +49,7 @@ class DQNBuilder:
         env_name=env_name)
 
   def make_loss(self):
-    """The variant's loss object: C51, QR-DQN, IQN, Munchausen, PQN's or (double) Q-learning."""
+    """The variant's loss object: C51, QR-DQN, IQN, M-IQN, Munchausen, PQN's or (double) Q-learning."""
     c = self.config
     if c.pqn:
       return losses.ReturnRegressionLoss(huber_delta=c.huber_delta)
@@ -57,6 +57,11 @@ class DQNBuilder:
       return losses.CategoricalLoss(double_q=c.double_q)
     if c.quantile:
       return losses.QuantileLoss(double_q=c.double_q, huber_kappa=c.quantile_huber_kappa)
+    if c.iqn and c.munchausen:
+      return losses.MunchausenImplicitQuantileLoss(
+          num_taus=c.iqn_num_taus, num_target_taus=c.iqn_num_target_taus,
+          num_policy_taus=c.iqn_num_policy_taus, alpha=c.munchausen_alpha,
+          tau=c.munchausen_tau, clip_min=c.munchausen_clip, huber_kappa=c.quantile_huber_kappa)
     if c.iqn:
       return losses.ImplicitQuantileLoss(
           num_taus=c.iqn_num_taus, num_target_taus=c.iqn_num_target_taus,

@@ -24,7 +24,7 @@ class DQNConfig:
     quantile: QR-DQN quantile head and quantile Huber loss (Dabney et al. 2018a); double_q and dueling compose with it.
     num_quantiles: quantiles per action of the QR-DQN head (200 in the paper).
     quantile_huber_kappa: kappa of the quantile Huber loss (1 in the paper); 0 is the plain quantile loss.
-    munchausen: Munchausen DQN's target (Vieillard et al. 2020): a scaled, clipped log-policy bonus and a soft (entropy-regularised) bootstrap.
+    munchausen: Munchausen DQN's target (Vieillard et al. 2020): a scaled, clipped log-policy bonus and a soft (entropy-regularised) bootstrap; with iqn it is M-IQN.
     munchausen_alpha: scale of the log-policy bonus (0.9 in the paper).
     munchausen_tau: entropy temperature of the softmax policy (0.03 in the paper).
     munchausen_clip: l0, the lower clip of the scaled log-policy tau * log pi in the bonus (-1 in the paper).
@@ -277,11 +277,12 @@ def _check(c: DQNConfig) -> None:
   if len(heads) > 1:
     fail(heads[1], True, f"`{heads[0]}` and `{heads[1]}` are two distributional heads: "
          "set one of `distributional` (C51), `quantile` (QR-DQN) and `iqn`.")
-  if c.munchausen and (c.distributional or c.quantile or c.iqn or c.double_q):
-    other = next(name for name in ("distributional", "quantile", "iqn", "double_q")
+  if c.munchausen and (c.distributional or c.quantile or c.double_q):
+    other = next(name for name in ("distributional", "quantile", "double_q")
                  if getattr(c, name))
-    fail("munchausen", True, f"Munchausen DQN's soft target works on Q-values with its own "
-         f"bootstrap (no greedy action), so it does not combine with `{other}`; drop one.")
+    fail("munchausen", True, f"Munchausen DQN's soft target has its own bootstrap (no greedy "
+         f"action), built for Q-values and IQN (M-IQN), so it does not combine with "
+         f"`{other}`; drop one.")
   if not 0.0 <= c.pqn_lambda <= 1.0:
     fail("pqn_lambda", c.pqn_lambda, "must lie in [0, 1] (0.65 in the paper).")
   if c.pqn:

@@ -276,3 +276,45 @@ def test_iqn_loss_regresses_n_sampled_fractions_toward_n_prime_by_brute_force(do
     terms.append(_quantile_huber_by_hand(theta, taus[n][i], targets, 1.0))
   np.testing.assert_allclose(extras.priorities, terms, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(loss, np.mean(terms), rtol=1e-4)
+
+
+@pytest.mark.parametrize("kappa", [0.0, 1.0])
+def test_munchausen_iqn_target_samples_by_brute_force(kappa):
+  """M-IQN: the Munchausen target per target fraction j, element by element, quantile Huber loss."""
+  rng = np.random.default_rng(6)
+  batch = _batch(rng)
+  make = lambda: {"w": jnp.asarray(rng.normal(size=(5, A)).astype(np.float32)),  # pylint: disable=unnecessary-lambda-assignment
+                  "c": jnp.asarray(rng.uniform(0.5, 2.0, size=A).astype(np.float32))}
+  online, target = make(), make()
+  n, n_prime, k, alpha, tau, l0 = 6, 5, 4, 0.9, 0.03, -1.0
+  loss_fn = losses.MunchausenImplicitQuantileLoss(
+      num_taus=n, num_target_taus=n_prime, num_policy_taus=k, alpha=alpha, tau=tau,
+      clip_min=l0, huber_kappa=kappa)
+  apply_fn = lambda p, o, num_taus: _iqn_apply(p, o, num_taus)  # pylint: disable=unnecessary-lambda-assignment
+  loss, extras = loss_fn(apply_fn, online, target, batch)
+  taus = {t: np.random.default_rng(t).uniform(size=(B, t)).astype(np.float64) for t in (n, n_prime, k)}
+
+  def quantiles(params, obs, i, count):  # [A, count]
+    q = obs @ np.asarray(params["w"], np.float64)
+    return q[:, None] + taus[count][i][None, :] * np.asarray(params["c"], np.float64)[:, None]
+
+  def log_policy(q):
+    z = q / tau
+    return z - (np.max(z) + np.log(np.sum(np.exp(z - np.max(z)))))
+
+  terms, clipped = [], 0
+  for i in range(B):
+    theta = quantiles(online, batch.observation[i], i, n)[batch.action[i]]
+    scaled = tau * log_policy(quantiles(target, batch.observation[i], i, k).mean(-1))[
+        batch.action[i]]
+    clipped += scaled < l0
+    bonus = alpha * min(max(scaled, l0), 0.0)
+    log_pi_next = log_policy(quantiles(target, batch.next_observation[i], i, k).mean(-1))
+    theta_next = quantiles(target, batch.next_observation[i], i, n_prime)  # [A, N']
+    targets = [batch.reward[i] + bonus + batch.discount[i] * sum(
+        np.exp(log_pi_next[a]) * (theta_next[a, j] - tau * log_pi_next[a]) for a in range(A))
+               for j in range(n_prime)]
+    terms.append(_quantile_huber_by_hand(theta, taus[n][i], targets, kappa))
+  assert clipped > 0  # The batch reaches the clip at l0.
+  np.testing.assert_allclose(extras.priorities, terms, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(loss, np.mean(terms), rtol=1e-4)

@@ -19,10 +19,21 @@ from agents.dqn.experiment_config import ExperimentConfig
     ({"discount": 1.5}, "discount"),
     ({"samples_per_insert": 0.0}, "samples_per_insert"),
     ({"torso": "resnet"}, "torso"),
+    ({"munchausen": True, "distributional": True}, "munchausen"),
+    ({"munchausen": True, "double_q": True}, "munchausen"),
+    ({"iqn": True, "distributional": True}, "iqn"),
+    ({"noisy_torso": True}, "noisy_torso"),
 ])
 def test_config_rejects_impossible_values_naming_the_field(kwargs, flag):
   with pytest.raises(ConfigError, match=re.escape(f"`{flag}`=")):
     DQNConfig(**kwargs)
+
+
+def test_munchausen_combines_with_iqn_as_m_iqn():
+  from agents.dqn import DQNBuilder  # pylint: disable=import-outside-toplevel
+  from acme_jax_dqn import losses  # pylint: disable=import-outside-toplevel
+  loss = DQNBuilder(DQNConfig(munchausen=True, iqn=True, munchausen_alpha=0.5)).make_loss()
+  assert isinstance(loss, losses.MunchausenImplicitQuantileLoss) and loss.alpha == 0.5
 
 
 def test_config_variants_via_replace_are_validated():

@@ -18,6 +18,8 @@ VARIANTS = {
                               double_q=True, noisy=True),
     "qr_layer_norm": dict(quantile=True, num_quantiles=8, layer_norm=True, n_step=3),
     "munchausen_prioritized": dict(munchausen=True, prioritized=True),
+    "m_iqn": dict(munchausen=True, iqn=True, iqn_num_cosines=8, iqn_num_taus=8,
+                  iqn_num_target_taus=8, iqn_num_policy_taus=4),
     "pqn_dueling": dict(pqn=True, layer_norm=True, dueling=True, num_envs=4,
                         pqn_rollout_len=16, pqn_minibatches=4, pqn_epochs=2),
 }
