@@ -45,7 +45,7 @@ def main(_):
           f"q_mean {learner.get('q_mean', float('nan')):.2f}")
     if runners.get("episode_return_mean", 0.0) >= 450:
       break
-  print(f"saved to {algo.save()}")
+  print(f"checkpoint: {algo.save().checkpoint.path}")
   algo.stop()
   ray.shutdown()
 
