@@ -43,6 +43,8 @@ def start_ray(address: str):
              runtime_env=runtime_env)
     return ray, False
   os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # A private Ray on this machine.
-  ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-           configure_logging=False, runtime_env=runtime_env)
+  # address="local": a new instance even when another process's Ray runs here
+  # (ray.init() with no address would connect to that one).
+  ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
+           log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
   return ray, True

@@ -1,5 +1,8 @@
 """RLlib's DQN with the kit's JAX module and learner: Q-values, loss, learning, checkpoints, errors."""
 
+import os
+import signal
+
 import gymnasium as gym
 import jax
 import numpy as np
@@ -19,10 +22,16 @@ CARTPOLE = gym.make("CartPole-v1")
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-  ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
-           ignore_reinit_error=True)
+  """A private Ray for this module; the signal handlers and environment it changes come back."""
+  handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+  environ = dict(os.environ)
+  ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
   yield
   ray.shutdown()
+  for s, handler in handlers.items():
+    signal.signal(s, handler)
+  os.environ.clear()
+  os.environ.update(environ)
 
 
 def _module(**model_config):

@@ -131,12 +131,13 @@ def test_a_background_evaluation_keeps_the_steps_it_started_at_and_the_end_is_ev
 
 def test_sigterm_saves_a_checkpoint_at_the_next_boundary_and_stops(tmp_path):
   assert threading.current_thread() is threading.main_thread()  # Where signals are handled.
+  before = signal.getsignal(signal.SIGTERM)  # Another test's in-process Ray may have set one.
   experiment = _experiment(tmp_path, total_steps=1000, log_every=100)
   with pytest.raises(checkpoints.RunInterrupted) as stopped:
     _run(experiment, CountingSource(total=1000, step=100, signal_at=300))
   assert stopped.value.env_steps == 300 and stopped.value.exit_code == 128 + signal.SIGTERM
   assert os.listdir(tmp_path / "run" / "checkpoints") == ["300"]
-  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # The handler is gone again.
+  assert signal.getsignal(signal.SIGTERM) is before  # The run's handler is gone again.
 
 
 def test_a_non_finite_update_stops_the_run_naming_the_last_good_checkpoint(tmp_path):

@@ -63,6 +63,7 @@ def test_actors_run_on_the_second_node_of_a_cluster(tmp_path):
   """Actor nodes placed by a custom resource on the second node, each stepping 4 envpool copies."""
   from ray.cluster_utils import Cluster  # pylint: disable=import-outside-toplevel
   os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+  handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
   cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
   try:
     worker = cluster.add_node(num_cpus=2, resources={"actor_host": 4})
@@ -81,6 +82,8 @@ def test_actors_run_on_the_second_node_of_a_cluster(tmp_path):
     assert summary["ray_address"] == cluster.address
   finally:
     cluster.shutdown()
+    for s, handler in handlers.items():  # Ray's node handlers would outlive the cluster.
+      signal.signal(s, handler)
 
 
 def test_unreachable_ray_address_fails_within_seconds(tmp_path):
