@@ -257,13 +257,11 @@ class MunchausenLoss:
     chex.assert_rank(batch.action, 1)
     weights, mask = _defaults(batch, weights, mask)
     q_tm1 = apply_fn(online_params, batch.observation).q_values  # [B, A]
-    q_tm1_target = apply_fn(target_params, batch.observation).q_values  # [B, A]
     q_t_target = apply_fn(target_params, batch.next_observation).q_values  # [B, A]
-    log_pi_tm1 = jax.nn.log_softmax(q_tm1_target / self.tau, axis=-1)
-    bonus = jnp.take_along_axis(log_pi_tm1, batch.action[:, None], axis=-1)[:, 0]
-    bonus = self.alpha * jnp.clip(self.tau * bonus, self.clip_min, 0.0)
-    log_pi_t = jax.nn.log_softmax(q_t_target / self.tau, axis=-1)
-    soft_value_t = jnp.sum(jnp.exp(log_pi_t) * (q_t_target - self.tau * log_pi_t), axis=-1)
+    bonus, pi_t, tau_log_pi_t = _munchausen_terms(
+        apply_fn(target_params, batch.observation).q_values, q_t_target, batch.action,
+        self.alpha, self.tau, self.clip_min)
+    soft_value_t = jnp.sum(pi_t * (q_t_target - tau_log_pi_t), axis=-1)
     target = jax.lax.stop_gradient(batch.reward + bonus + batch.discount * soft_value_t)
     q_taken = jnp.take_along_axis(q_tm1, batch.action[:, None], axis=-1)[:, 0]
     loss, extras = _td_loss(target - q_taken, q_tm1, weights, mask, self.huber_delta)
@@ -304,15 +302,12 @@ class MunchausenImplicitQuantileLoss:
     weights, mask = _defaults(batch, weights, mask)
     out_tm1 = apply_fn(online_params, batch.observation, num_taus=self.num_taus)
     out_t = apply_fn(target_params, batch.next_observation, num_taus=self.num_target_taus)
-    q_s = apply_fn(target_params, batch.observation, num_taus=self.num_policy_taus).q_values
-    q_next = apply_fn(target_params, batch.next_observation,
-                      num_taus=self.num_policy_taus).q_values
-    log_pi_s = jax.nn.log_softmax(q_s / self.tau, axis=-1)
-    log_pi_taken = jnp.take_along_axis(log_pi_s, batch.action[:, None], axis=-1)[:, 0]
-    bonus = self.alpha * jnp.clip(self.tau * log_pi_taken, self.clip_min, 0.0)
-    log_pi_next = jax.nn.log_softmax(q_next / self.tau, axis=-1)  # [B, A]
-    soft_quantiles = jnp.sum(jnp.exp(log_pi_next)[:, :, None] * (
-        out_t.quantiles - self.tau * log_pi_next[:, :, None]), axis=1)  # [B, N']
+    policy_q = lambda obs: apply_fn(target_params, obs, num_taus=self.num_policy_taus).q_values
+    bonus, pi_t, tau_log_pi_t = _munchausen_terms(
+        policy_q(batch.observation), policy_q(batch.next_observation), batch.action,
+        self.alpha, self.tau, self.clip_min)
+    soft_quantiles = jnp.sum(pi_t[:, :, None] * (
+        out_t.quantiles - tau_log_pi_t[:, :, None]), axis=1)  # [B, N']
     targets = jax.lax.stop_gradient(
         (batch.reward + bonus)[:, None] + batch.discount[:, None] * soft_quantiles)
     taken = jnp.take_along_axis(out_tm1.quantiles, batch.action[:, None, None], axis=1)[:, 0]
@@ -324,6 +319,18 @@ class MunchausenImplicitQuantileLoss:
     metrics["munchausen_bonus_mean"] = jnp.sum(bonus * mask) / jnp.maximum(jnp.sum(mask), 1.0)
     return loss, LossExtras(td_error=td_error, priorities=jax.lax.stop_gradient(per_example),
                             metrics=metrics)
+
+
+def _munchausen_terms(q_s, q_next, action, alpha: float, tau: float, clip_min: float):
+  """(bonus [B], pi(.|s') [B, A], tau * log pi(.|s') [B, A]) of the target network's softmax policy.
+
+  bonus = alpha * clip(tau * log pi(a|s), clip_min, 0), pi = softmax(q / tau).
+  """
+  log_pi_s = jax.nn.log_softmax(q_s / tau, axis=-1)
+  log_pi_taken = jnp.take_along_axis(log_pi_s, action[:, None], axis=-1)[:, 0]
+  bonus = alpha * jnp.clip(tau * log_pi_taken, clip_min, 0.0)
+  log_pi_next = jax.nn.log_softmax(q_next / tau, axis=-1)
+  return bonus, jnp.exp(log_pi_next), tau * log_pi_next
 
 
 def _td_loss(td_error, q_tm1, weights, mask, huber_delta: float):

@@ -1,11 +1,12 @@
-"""MinAtar learning benchmark: the minatar_dqn preset in anakin mode on four games, K seeds each.
+"""MinAtar learning benchmark: a preset (minatar_dqn by default) in anakin mode on four games, K seeds each.
 
   python bench/minatar.py --total_steps=500000 --num_seeds=3 --one_cpu_core
+  python bench/minatar.py --preset=minatar_pqn --total_steps=1000000
 
 Each game is one `python -m launch.run_dqn` process with its seeds vmapped
 (--num_seeds). Prints, and writes to --out as markdown, the greedy eval
 return per seed and the mean against gymnax's published PPO returns, the
-anchor this kit's DQN is measured against.
+anchor this kit's presets are measured against.
 """
 
 import os
@@ -20,6 +21,7 @@ from bench import harness  # pylint: disable=wrong-import-position
 # gymnax's README: PPO's returns on MinAtar, the anchor these runs are compared with.
 PPO_RETURNS = {"Asterix": 15.0, "Breakout": 28.0, "Freeway": 58.0, "SpaceInvaders": 131.0}
 
+flags.DEFINE_string("preset", "minatar_dqn", "Flagfile in launch/configs/, without .cfg.")
 flags.DEFINE_list("games", list(PPO_RETURNS), "MinAtar games (gymnax:<game>-MinAtar).")
 flags.DEFINE_integer("total_steps", 500_000, "Env steps per seed.")
 flags.DEFINE_integer("num_seeds", 3, "Seeds vmapped in each game's run (from seed 0).")
@@ -33,7 +35,7 @@ FLAGS = flags.FLAGS
 
 
 def run_game(game: str) -> dict:
-  args = ["--flagfile=launch/configs/minatar_dqn.cfg", f"--env=gymnax:{game}-MinAtar",
+  args = [f"--flagfile=launch/configs/{FLAGS.preset}.cfg", f"--env=gymnax:{game}-MinAtar",
           f"--num_seeds={FLAGS.num_seeds}", "--seed=0", f"--total_steps={FLAGS.total_steps}",
           f"--eval_every={FLAGS.eval_every}"]
   extra = (["--one_cpu_core"] if FLAGS.one_cpu_core else []) + FLAGS.run_flags
