@@ -270,6 +270,9 @@ def _check(c: DQNConfig) -> None:
          "log-policy bonus is clipped to [munchausen_clip, 0].")
   if not c.noisy_sigma0 > 0:
     fail("noisy_sigma0", c.noisy_sigma0, "must be positive (0.5 in the paper).")
+  if c.noisy and c.apex_epsilons:
+    fail("apex_epsilons", True, "noisy networks (`noisy`) explore by their noise; Ape-X's "
+         "fixed epsilons would add epsilon-greedy exploration on top. Drop one.")
   if c.noisy_torso and not c.noisy:
     fail("noisy_torso", True, "puts noisy layers in the torso as well as the head: it "
          "needs `noisy`=True.")

@@ -23,6 +23,7 @@ from agents.dqn.experiment_config import ExperimentConfig
     ({"munchausen": True, "double_q": True}, "munchausen"),
     ({"iqn": True, "distributional": True}, "iqn"),
     ({"noisy_torso": True}, "noisy_torso"),
+    ({"noisy": True, "apex_epsilons": True}, "apex_epsilons"),
 ])
 def test_config_rejects_impossible_values_naming_the_field(kwargs, flag):
   with pytest.raises(ConfigError, match=re.escape(f"`{flag}`=")):
