@@ -1,0 +1,260 @@
+"""Kernels one training iteration runs: the optimized HLO of the compiled trainer, ours and PureJaxRL's dqn.py.
+
+  python -m bench.hlo_kernels --flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg \\
+      --purejaxrl_dir=/path/to/purejaxrl
+
+On a GPU a small iteration's time is set by how many kernels it launches
+and by the host round trips of loop and cond predicates, not by its
+arithmetic. This counts them, without a GPU, in the optimized HLO of the
+program that runs the iterations (one seed): the body of its scan over
+iterations, by kind (fusions, unfused ops, custom calls, nested loops and
+conditionals), and a total per iteration that counts a nested loop's body
+once per trip (XLA's `known_trip_count`) and a conditional's largest
+branch. Counts are read off the CPU backend (XLA fuses differently on the
+GPU), so they compare two programs on one backend, before and after a
+change.
+
+PureJaxRL's `purejaxrl/dqn.py` is read from --purejaxrl_dir (a checkout of
+luchris429/purejaxrl; nothing of it enters this repository) and run with
+its `main()` config. In memory only: gymnax 1.0's step returns
+`terminated, truncated` where the script unpacks one `done` (so `done` is
+their `or`), `wandb`, which it imports but does not use here, is a
+stand-in module, and `jax.tree_map` (gone from jax 0.6 on) is `jax.tree.map`.
+"""
+
+import collections
+import json
+import math
+import os
+import re
+import sys
+import types
+from typing import Dict, List, Tuple
+
+from absl import app
+from absl import flags
+import jax
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # For `bench`.
+from acme_jax_dqn import envs  # pylint: disable=wrong-import-position
+from acme_jax_dqn import xla_setup  # pylint: disable=wrong-import-position
+from agents.dqn.builder import DQNBuilder  # pylint: disable=wrong-import-position
+from bench import harness  # pylint: disable=wrong-import-position
+from launch import flags as launch_flags  # pylint: disable=wrong-import-position
+
+launch_flags.define_flags()
+flags.DEFINE_string("purejaxrl_dir", "", "A checkout of luchris429/purejaxrl (its purejaxrl/dqn.py "
+                    "is compiled beside ours); empty: ours only.")
+flags.DEFINE_integer("iterations", 4, "Iterations in the compiled chunk (any; the body is the same).")
+flags.DEFINE_string("out", "bench/results/hlo_kernels.md", "Markdown table to write ('' : none).")
+FLAGS = flags.FLAGS
+
+FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "opt-barrier",
+        "after-all", "partition-id", "replica-id"}
+_COMPUTATION = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_CALLED = re.compile(r"(body|condition|calls|to_apply|true_computation|false_computation)="
+                     r"%?([\w.\-]+)")
+_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+
+
+def _opcode(rhs: str) -> str:
+  """The opcode of an instruction's right-hand side: the word after its shape."""
+  if rhs.startswith("("):  # A tuple shape: skip to its closing parenthesis.
+    depth = 0
+    for i, char in enumerate(rhs):
+      depth += {"(": 1, ")": -1}.get(char, 0)
+      if depth == 0:
+        rhs = rhs[i + 1:]
+        break
+  else:
+    rhs = rhs.split(" ", 1)[1] if " " in rhs else rhs
+  return rhs.strip().split("(", 1)[0]
+
+
+def parse_hlo(text: str) -> Tuple[str, Dict[str, List[str]]]:
+  """(the entry computation's name, {computation: its instruction lines})."""
+  computations: Dict[str, List[str]] = {}
+  entry, current = "", None
+  for line in text.splitlines():
+    match = _COMPUTATION.match(line)
+    if match and " = " not in line:
+      current = match.group(2)
+      computations[current] = []
+      if match.group(1):
+        entry = current
+    elif current is not None and " = " in line:
+      computations[current].append(line.strip())
+    elif line.startswith("}"):
+      current = None
+  return entry, computations
+
+
+def kernels(name: str, computations: Dict[str, List[str]]) -> Dict[str, int]:
+  """Counts of `name`'s instructions by kind, and what one call of it runs.
+
+  `per_iteration` counts a conditional's largest branch (an iteration that
+  learns, say); `per_iteration_min` its smallest (one that does not).
+  """
+  counts = collections.Counter(per_iteration=0, per_iteration_min=0)
+  totals = ("per_iteration", "per_iteration_min")
+  for line in computations[name]:
+    rhs = line.split(" = ", 1)[1]
+    opcode = _opcode(rhs)
+    called = dict(_CALLED.findall(line))
+    if opcode in FREE:
+      continue
+    if opcode == "while":
+      counts["while"] += 1
+      trips = _TRIPS.search(line)
+      body = kernels(called["body"], computations)
+      condition = kernels(called["condition"], computations)
+      for total in totals:
+        counts[total] += (int(trips.group(1)) if trips else 1) * (
+            body[total] + condition[total]) + 1
+    elif opcode == "conditional":
+      counts["conditional"] += 1
+      branches = _BRANCHES.search(line)
+      names = ([b.strip().lstrip("%") for b in branches.group(1).split(",")] if branches else
+               [called[k] for k in ("true_computation", "false_computation") if k in called])
+      runs = [kernels(b, computations) for b in names]
+      counts["per_iteration"] += 1 + max(r["per_iteration"] for r in runs)
+      counts["per_iteration_min"] += 1 + min(r["per_iteration_min"] for r in runs)
+    elif opcode == "call":
+      callee = kernels(called["to_apply"], computations)
+      for total in totals:
+        counts[total] += callee[total]
+    else:
+      counts["fusion" if opcode == "fusion" else
+             "custom-call" if opcode == "custom-call" else "unfused"] += 1
+      for total in totals:
+        counts[total] += 1
+  return dict(counts)
+
+
+def iteration_body(text: str) -> Dict[str, int]:
+  """The counts of the body of the entry's longest-running loop (the scan over iterations)."""
+  entry, computations = parse_hlo(text)
+  loops = [line for line in computations[entry] if _opcode(line.split(" = ", 1)[1]) == "while"]
+  if not loops:
+    raise SystemExit("No loop in the program's entry computation: nothing to count.")
+  best = max(loops, key=lambda line: int((_TRIPS.search(line) or [0, "0"])[1]))
+  called = dict(_CALLED.findall(best))
+  counts = kernels(called["body"], computations)
+  condition = kernels(called["condition"], computations)
+  for total in ("per_iteration", "per_iteration_min"):
+    counts[total] += condition[total]
+  return counts
+
+
+def ours_hlo() -> Tuple[str, float, float]:
+  """(optimized HLO, env steps per iteration, share of iterations that learn after warm-up)."""
+  config = launch_flags.config_from_flags()
+  experiment = launch_flags.experiment_from_flags()
+  env = envs.make_jax_environment(experiment.env)
+  builder = DQNBuilder(config)
+  trainer = builder.make_anakin(env, builder.make_networks(env.spec))
+  with xla_setup.prng_impl(experiment.prng_impl):  # The run's PRNG; PureJaxRL keeps its own.
+    keys = jax.random.split(jax.random.PRNGKey(0), 1)
+    state = jax.eval_shape(jax.vmap(trainer.init), keys)
+    chunk = jax.vmap(lambda s, i: trainer.train_chunk(s, i, FLAGS.iterations),
+                     in_axes=(0, None))
+    text = jax.jit(chunk).lower(state, np.int32(0)).compile().as_text()
+  return text, trainer.env_steps_per_iteration * config.num_envs, 1.0
+
+
+def purejaxrl_hlo(checkout: str) -> Tuple[str, float, float]:
+  """(optimized HLO, env steps per iteration, share of iterations that learn)."""
+  path = os.path.join(checkout, "purejaxrl", "dqn.py")
+  if not os.path.exists(path):
+    raise SystemExit(f"--purejaxrl_dir={checkout}: no purejaxrl/dqn.py there. Fetch "
+                     "https://github.com/luchris429/purejaxrl (git clone) and point "
+                     "--purejaxrl_dir at the clone.")
+  with open(path) as f:
+    source = f.read()
+  for old in ("_obs, _, _reward, _done, _ = env.step(rng, _env_state, _action, env_params)",
+              "obs, env_state, reward, done, info = vmap_step(config[\"NUM_ENVS\"])("):
+    if old not in source:
+      raise SystemExit(f"{path}: the line `{old}` is not there; this script reads PureJaxRL "
+                       "at commit 31756b1.")
+  source = source.replace(
+      "_obs, _, _reward, _done, _ = env.step(rng, _env_state, _action, env_params)",
+      "_obs, _, _reward, _term, _trunc, _ = env.step(rng, _env_state, _action, env_params)\n"
+      "        _done = jnp.logical_or(_term, _trunc)")
+  source = source.replace(
+      "obs, env_state, reward, done, info = vmap_step(config[\"NUM_ENVS\"])(",
+      "obs, env_state, reward, _term, _trunc, info = vmap_step(config[\"NUM_ENVS\"])(")
+  source = source.replace(
+      "            train_state = train_state.replace(\n"
+      "                timesteps=train_state.timesteps + config[\"NUM_ENVS\"]",
+      "            done = jnp.logical_or(_term, _trunc)\n"
+      "            train_state = train_state.replace(\n"
+      "                timesteps=train_state.timesteps + config[\"NUM_ENVS\"]")
+  sys.modules.setdefault("wandb", types.ModuleType("wandb"))
+  if not hasattr(jax, "tree_map"):  # Removed in jax 0.6; the script's code path still calls it.
+    jax.tree_map = jax.tree.map
+  module = types.ModuleType("purejaxrl_dqn")
+  exec(compile(source, path, "exec"), module.__dict__)  # pylint: disable=exec-used
+  config = {"NUM_ENVS": 10, "BUFFER_SIZE": 10000, "BUFFER_BATCH_SIZE": 128,
+            "TOTAL_TIMESTEPS": 10 * FLAGS.iterations * 10, "EPSILON_START": 1.0,
+            "EPSILON_FINISH": 0.05, "EPSILON_ANNEAL_TIME": 25e4,
+            "TARGET_UPDATE_INTERVAL": 500, "LR": 2.5e-4, "LEARNING_STARTS": 10000,
+            "TRAINING_INTERVAL": 10, "LR_LINEAR_DECAY": False, "GAMMA": 0.99, "TAU": 1.0,
+            "ENV_NAME": "CartPole-v1", "SEED": 0, "NUM_SEEDS": 1, "WANDB_MODE": "disabled"}
+  train = jax.vmap(module.make_train(config))
+  keys = jax.random.split(jax.random.PRNGKey(0), 1)
+  text = jax.jit(train).lower(keys).compile().as_text()
+  # It learns when its env-step count (NUM_ENVS more each iteration) is a multiple of
+  # TRAINING_INTERVAL: that share of iterations, after LEARNING_STARTS.
+  interval = config["TRAINING_INTERVAL"]
+  return text, config["NUM_ENVS"], math.gcd(config["NUM_ENVS"], interval) / interval
+
+
+def main(argv):
+  del argv
+  flagfiles = [os.path.basename(a.split("=", 1)[1]) for a in sys.argv
+               if a.startswith("--flagfile=")]
+  programs = {f"ours ({', '.join(flagfiles) or 'default flags'})": ours_hlo()}
+  if FLAGS.purejaxrl_dir:
+    programs["PureJaxRL dqn.py (main() config)"] = purejaxrl_hlo(FLAGS.purejaxrl_dir)
+  header = ["program", "env steps per iteration", "kernels per iteration that learns",
+            "kernels per iteration that does not", "kernels per 1,000 env steps (learning "
+            "at the program's rate)", "fusions", "unfused ops", "custom calls", "loops",
+            "conditionals"]
+  rows = []
+  results = {}
+  for name, (text, steps, learning) in programs.items():
+    counts = iteration_body(text)
+    counts["per_1000_steps"] = round(1000 * (learning * counts["per_iteration"] + (
+        1 - learning) * counts["per_iteration_min"]) / steps)
+    results[name] = counts
+    harness.add_row(rows, "| " + " | ".join(str(x) for x in [
+        name, steps, counts["per_iteration"], counts["per_iteration_min"],
+        counts["per_1000_steps"], counts.get("fusion", 0),
+        counts.get("unfused", 0),
+        counts.get("custom-call", 0), counts.get("while", 0), counts.get("conditional", 0)])
+                    + " |")
+  notes = ["compared: the top level of each program's scan body over iterations (fusions, "
+           "unfused ops, custom calls, nested loops, conditionals), and the kernels one "
+           "iteration runs (a nested loop's body times its trip count; a conditional's "
+           "largest branch for an iteration that learns, its smallest for one that does "
+           "not), in the optimized CPU HLO, one seed. The CPU backend keeps threefry's "
+           "rounds as loops, which a GPU fuses, so PRNG work weighs more here."]
+  if len(results) == 2:
+    (ours, theirs) = results.values()
+    notes.append("ratio (ours / PureJaxRL, kernels per iteration): "
+                 f"{ours['per_iteration'] / max(theirs['per_iteration'], 1):.2f}x learning, "
+                 f"{ours['per_iteration_min'] / max(theirs['per_iteration_min'], 1):.2f}x "
+                 "not learning; per 1,000 env steps "
+                 f"{ours['per_1000_steps'] / max(theirs['per_1000_steps'], 1):.2f}x.")
+  for note in notes:
+    print(note)
+  if FLAGS.out:
+    harness.write_table(FLAGS.out, harness.command_line(), header, rows, notes=notes,
+                        summary=harness.jax_here())
+  print(json.dumps(results))
+
+
+if __name__ == "__main__":
+  app.run(main)
