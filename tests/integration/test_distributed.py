@@ -170,7 +170,7 @@ def test_the_distributed_cartpole_preset_learns(tmp_path):
 def test_the_newer_variants_run_as_distributed_programs(tmp_path):
   """QR-DQN with noisy nets, Munchausen with LayerNorm, and IQN run on the Ray nodes."""
   variants = {"qr_noisy": ("--quantile", "--num_quantiles=8", "--double_q", "--dueling",
-                           "--noisy", "--noisy_torso"),
+                           "--noisy", "--noisy_torso", "--noapex_epsilons"),  # Noise explores.
               "munchausen": ("--munchausen", "--layer_norm"),
               "iqn": ("--iqn", "--iqn_num_taus=8", "--iqn_num_target_taus=8",
                       "--iqn_num_policy_taus=4", "--iqn_num_cosines=8", "--double_q")}
