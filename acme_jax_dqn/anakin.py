@@ -287,8 +287,7 @@ def make_evaluate(env: GymnaxEnv, eval_policy: PolicyFn, eval_episodes: int,
 
   def evaluate(online_params, key):
     reset_key, key = jax.random.split(key)
-    observation, env_state = jax.vmap(genv.reset, in_axes=(0, None))(
-        jax.random.split(reset_key, eval_episodes), params)
+    observation, env_state = reset_copies(env, reset_key, eval_episodes)
     zeros = jnp.zeros((eval_episodes,), jnp.float32)
     carry = (observation, env_state, zeros, jnp.zeros((eval_episodes,), jnp.bool_),
              jnp.zeros((), jnp.int32), key)

@@ -37,7 +37,7 @@ class PQNState(NamedTuple):
 def make_pqn_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTransformation,
                     rollout_update, policy: PolicyFn,
                     epsilon_fn: Callable[[chex.Array], chex.Array], *, num_envs: int,
-                    rollout_len: int, sgd_steps_per_rollout: int, eval_episodes: int,
+                    rollout_len: int, eval_episodes: int,
                     eval_epsilon: float = 0.0, reward_clip: float = 0.0,
                     eval_policy: Optional[PolicyFn] = None) -> anakin.Anakin:
   """Builds PQN's compiled trainer.
@@ -48,7 +48,6 @@ def make_pqn_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.Gradien
     rollout_update: `pqn.make_rollout_update(...)`: (state, rollout) -> (state, rollout, metrics).
     policy, epsilon_fn: acting, as in `anakin.make_anakin`.
     num_envs, rollout_len: a rollout is `rollout_len` steps of `num_envs` copies.
-    sgd_steps_per_rollout: SGD steps of one update (epochs x minibatches).
     eval_episodes, eval_epsilon, reward_clip, eval_policy: as in `anakin.make_anakin`.
   """
   eval_policy = eval_policy or policy
@@ -93,4 +92,4 @@ def make_pqn_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.Gradien
                                                      eval_epsilon),
                        learn=learn, learner_step=learner_step, fill_steps=0,
                        env_steps_per_iteration=rollout_len,
-                       learner_calls_per_iteration=sgd_steps_per_rollout)
+                       learner_calls_per_iteration=1)  # One update (epochs x minibatches).

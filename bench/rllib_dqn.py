@@ -164,7 +164,10 @@ def main(argv):
       "compared: RLlib's DQN on gymnasium CartPole-v1 with the kit's JAX RLModule and Learner"
       f"{compared}.",
       f"settings: {settings}; replay: RLlib's default PrioritizedEpisodeReplayBuffer; "
-      f"num_env_runners={FLAGS.num_env_runners}."])
+      f"num_env_runners={FLAGS.num_env_runners}.",
+      "networks: the settings are the same, the networks are not: RLlib's torch module is a "
+      "tanh encoder of 256 (RLlib's default fcnet_activation) with a 256-unit layer per "
+      "dueling stream; the kit's a shared ReLU torso of 256-256 with linear streams."])
   for framework in FLAGS.frameworks:
     solved = [r["solved_s"] for r in rows if r["framework"] == framework and r["solved_s"]]
     print(f"{names[framework]}: solved {len(solved)}/{len(FLAGS.seeds)}"

@@ -315,13 +315,14 @@ class AnakinSource(Source):
 
   def summary_fields(self, final_eval, wall_s, compile_s) -> Dict[str, Any]:
     config, plan, num_seeds = self._config, self._plan, len(self.seeds)
+    env_steps = self.env_steps  # Short of the plan when a callback stopped the run.
     if config.pqn:  # Every env step is learned from, epochs times.
-      learn_env_steps = plan.env_steps
+      learn_env_steps = env_steps
       batch_size = plan.steps_per_iteration // config.pqn_minibatches
     else:
-      learn_env_steps = plan.env_steps - plan.fill_env_steps - config.min_replay_size
+      learn_env_steps = env_steps - plan.fill_env_steps - config.min_replay_size
       batch_size = config.batch_size
-    steps_all_seeds = (plan.env_steps - self._first_step) * num_seeds
+    steps_all_seeds = (env_steps - self._first_step) * num_seeds
     online_params = jax.device_get(self._state.learner.online_params)  # Once, not per seed.
     return dict(
         train_return_recent=self._last_row.get("return_recent", math.nan),
@@ -330,7 +331,7 @@ class AnakinSource(Source):
         seed_devices=self._mesh.size,
         eval_return_per_seed=final_eval["eval_return_per_seed"],
         eval_return_min_seed=final_eval["eval_return_min_seed"],
-        env_steps_all_seeds=plan.env_steps * num_seeds,
+        env_steps_all_seeds=env_steps * num_seeds,
         sps_all_seeds=steps_all_seeds / wall_s,
         sps_after_compile_all_seeds=steps_all_seeds / (wall_s - compile_s),
         env_steps_per_iteration=plan.steps_per_iteration,

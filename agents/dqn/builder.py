@@ -192,8 +192,7 @@ class DQNBuilder:
       return anakin_pqn.make_pqn_anakin(
           env, networks, optimizer, self.make_learner_step(networks, None, optimizer),
           self.make_policy(networks), self.make_epsilon_schedule(num_envs=c.num_envs),
-          num_envs=c.num_envs, rollout_len=c.pqn_rollout_len,
-          sgd_steps_per_rollout=c.sgd_steps_per_learner_step, eval_episodes=eval_episodes,
+          num_envs=c.num_envs, rollout_len=c.pqn_rollout_len, eval_episodes=eval_episodes,
           eval_epsilon=c.eval_epsilon, reward_clip=c.reward_clip,
           eval_policy=self.make_policy(networks, evaluation=True))
     replay = self.make_replay()

@@ -29,8 +29,8 @@ class LearnResult(NamedTuple):
   """What `learn` returns (it unpacks as `params, metrics`).
 
   Attributes:
-    params: the final online parameters (numpy leaves; in anakin mode with
-      `num_seeds` > 1, stacked over the seeds on a leading axis).
+    params: the final online parameters (numpy leaves; in anakin mode
+      stacked over the seeds on a leading axis, of size 1 for one seed).
     metrics: the run's summary, as written to `<logdir>/summary.json`
       (`eval_return_mean`, `env_steps`, `stopped_early`, `logdir`, ...).
   """

@@ -261,12 +261,13 @@ def _drive(experiment, config, source: Source, start: float, run_checkpoints, ca
       loggers.warn(f"the final checkpoint could not be saved ({error}).")
 
   final = eval_rows[-1]
+  stopped_early = callbacks.stop_requested and not source.done
   summary = summary_lib.base_summary(
       experiment, config, env_steps=source.env_steps, learner_steps=source.learner_steps,
       wall_s=wall_s, compile_s=compile_s, eval_s=eval_s, final_eval=final, spec=source.spec,
       steps_this_start=source.env_steps - first_step)
   summary.update(source.summary_fields(final, wall_s, compile_s),
                  **summary_lib.checkpoint_summary(run_checkpoints, resumed_from),
-                 stopped_early=callbacks.stop_requested and not source.done,
-                 stopped_by=callbacks.stopped_by)
+                 stopped_early=stopped_early,
+                 stopped_by=callbacks.stopped_by if stopped_early else None)
   return summary

@@ -69,9 +69,11 @@ class JaxDQNLearner(DQNLearner):
     optimizer = builder.make_optimizer()
     # The target moves on RLlib's cadence (`after_gradient_based_update`), not in the step.
     sgd_step = learning.make_sgd_step(module.networks, builder.make_loss(), optimizer, 0, 1.0)
+    # The kit's priority post-processing: 0 for a non-finite TD error, plus epsilon.
+    sample_step = learning.make_sample_step(sgd_step, kit.priority_epsilon)
     self._kit[module_id] = {
         "config": kit, "loss": builder.make_loss(), "networks": module.networks,
-        "sgd_step": jax.jit(sgd_step),
+        "sample_step": jax.jit(sample_step),
         "state": {"opt_state": to_numpy(optimizer.init(module.params)), "steps": 0,
                   "nonfinite_updates": 0, "first_nonfinite_step": -1}}
 
@@ -103,7 +105,7 @@ class JaxDQNLearner(DQNLearner):
       weights = np.asarray(module_batch.get("weights", np.ones(count)), np.float32)
       sample = ReplaySample(transitions, np.zeros(count, np.int32), weights,
                             np.ones(count, np.float32))
-      state, metrics = kit["sgd_step"](self._training_state(module_id), sample)
+      state, metrics, priorities = kit["sample_step"](self._training_state(module_id), sample)
       state, metrics = to_numpy(state), to_numpy(metrics)
       module.params = state.online_params
       kit["state"] = {"opt_state": state.opt_state, "steps": int(state.steps),
@@ -111,7 +113,7 @@ class JaxDQNLearner(DQNLearner):
                       "first_nonfinite_step": int(state.first_nonfinite_step)}
       loss_per_module[module_id] = float(metrics["loss"])
       # New priorities for RLlib's prioritized replay: |TD error| (C51: the cross-entropy).
-      self.metrics.log_value((module_id, TD_ERROR_KEY), metrics["priorities"],
+      self.metrics.log_value((module_id, TD_ERROR_KEY), np.asarray(priorities),
                              reduce="item_series")
       self.metrics.log_dict({"qf_loss": float(metrics["loss"]),
                              "qf_mean": float(metrics["q_mean"]),
@@ -125,7 +127,7 @@ class JaxDQNLearner(DQNLearner):
     before = dict(self.last_update_ts_by_mid)
     super().after_gradient_based_update(timesteps=timesteps)  # Counts and logs the update.
     for module_id, last in self.last_update_ts_by_mid.items():
-      if last != before.get(module_id):
+      if last != before.get(module_id, 0):  # RLlib's defaultdict starts each module at 0.
         module = self.module[module_id].unwrapped()
         tau = self.config.get_config_for_module(module_id).tau
         module.target_params = to_numpy(learning.update_target(

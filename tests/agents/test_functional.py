@@ -73,8 +73,9 @@ def test_a_callback_stops_training_early(mode, tmp_path):
   assert [e for e, _ in recorder.calls].count("eval") == 2  # The stop's eval saw the final params.
   saved = checkpointing.Checkpointer(os.path.join(str(tmp_path), "checkpoints"))
   assert saved.latest_step() == metrics["env_steps"]  # The final checkpoint is written.
-  if mode == "anakin":  # Stacked over the run's one seed.
+  if mode == "anakin":  # Stacked over the run's one seed; totals count the steps run.
     assert all(leaf.shape[0] == 1 for leaf in jax.tree.leaves(params))
+    assert metrics["env_steps_all_seeds"] == metrics["env_steps"]
 
 
 def test_a_function_callback_sees_every_event():
