@@ -34,12 +34,12 @@ setuptools.setup(
     ],
     extras_require={
         "distributed": ["ray>=2.9"],
-        "rllib": ["ray[rllib]>=2.60"],  # The new API stack's DQN Learner and RLModule hooks.
+        "rllib": ["ray[rllib]>=2.60,<2.61"],  # The Learner and env-runner hooks agents/rllib_dqn relies on.
         "wandb": ["wandb>=0.16"],
         "atari": ATARI,
         "envpool": ENVPOOL,
         "minatar": MINATAR,
-        "test": ["pytest>=8", "pytest-xdist>=3", "ray[rllib]>=2.60", *ATARI, *ENVPOOL, *MINATAR,
+        "test": ["pytest>=8", "pytest-xdist>=3", "ray[rllib]>=2.60,<2.61", *ATARI, *ENVPOOL, *MINATAR,
                  "tensorboard>=2.14"],  # Its event reader checks what tensorboardX wrote.
     },
 )
