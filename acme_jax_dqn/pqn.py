@@ -13,7 +13,7 @@ the replay stand for DQN, so the kit's `Learner` runs it on each rollout.
 """
 
 import types
-from typing import Callable, List, NamedTuple
+from typing import Callable, List, NamedTuple, Optional
 
 import chex
 import dm_env
@@ -129,11 +129,16 @@ class RolloutAdder:
   """
 
   def __init__(self, sink: Callable[[RolloutStep], None], num_envs: int,
-               reward_clip: float = 0.0):
+               reward_clip: float = 0.0, on_restart: Optional[Callable[[], None]] = None):
     self._sink, self._num_envs, self._reward_clip = sink, num_envs, float(reward_clip)
+    self._on_restart = on_restart
     self._observation = None
 
   def add_first(self, timestep: dm_env.TimeStep) -> None:
+    """A new start. After earlier steps (a new episode of one env, or a resume that could
+    not restore the environments) the last step written ends its episode (`on_restart`)."""
+    if self._observation is not None and self._on_restart is not None:
+      self._on_restart()
     self._observation = np.array(timestep.observation, copy=True)
 
   def add(self, action, next_timestep: dm_env.TimeStep) -> None:
@@ -195,6 +200,12 @@ class RolloutBuffer:
     steps, self._staged = self._staged[:self.rollout_len], self._staged[self.rollout_len:]
     self.num_written += 1
     return jax.tree.map(lambda *xs: np.stack(xs), *steps)
+
+  def cut(self) -> None:
+    """Ends every copy's episode at the last staged step (truncated: it still bootstraps)."""
+    if self._staged:
+      last = self._staged[-1]
+      self._staged[-1] = last._replace(end=np.ones_like(last.end))
 
   def write_pending(self, keep: int = 0) -> None:
     """Drops complete rollouts beyond `keep` (they were not learned from), keeping the newest."""

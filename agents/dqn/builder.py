@@ -242,7 +242,8 @@ class DQNBuilder:
     sink = getattr(replay_buffer, "insert", replay_buffer)
     c = self.config
     if c.pqn:
-      return pqn.RolloutAdder(sink, num_envs, reward_clip=c.reward_clip)
+      return pqn.RolloutAdder(sink, num_envs, reward_clip=c.reward_clip,
+                              on_restart=getattr(replay_buffer, "cut", None))
     return adders.NStepTransitionAdder(sink, c.n_step, c.discount, num_envs,
                                        reward_clip=c.reward_clip)
 

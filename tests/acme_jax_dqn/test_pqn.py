@@ -200,6 +200,25 @@ def test_rollout_adder_marks_restart_steps_and_the_buffer_hands_out_whole_rollou
   assert buffer.num_inserted == 4 and buffer.pending_chunks == 0
 
 
+def test_a_restart_without_a_first_step_ends_the_episode_at_the_last_staged_step():
+  """A resume that starts new episodes (environments not saved): no return reaches across."""
+  first, mid = int(dm_env.StepType.FIRST), int(dm_env.StepType.MID)
+  example = pqn.RolloutStep(np.zeros((2, 1), np.float32), np.zeros(2, np.int32),
+                            *[np.zeros(2, np.float32)] * 3, np.zeros((2, 1), np.float32),
+                            np.zeros(2, np.float32))
+  buffer = pqn.RolloutBuffer(example, rollout_len=3)
+  adder = pqn.RolloutAdder(buffer.insert, num_envs=2, on_restart=buffer.cut)
+  adder.add_first(_timestep([first, first], [0, 0], [1, 1], [[0], [10]]))
+  adder.add([0, 1], _timestep([mid, mid], [1, 1], [1, 1], [[1], [11]]))
+  adder.add_first(_timestep([first, first], [0, 0], [1, 1], [[5], [15]]))  # New episodes.
+  adder.add([0, 0], _timestep([mid, mid], [1, 1], [1, 1], [[6], [16]]))
+  adder.add([1, 1], _timestep([mid, mid], [1, 1], [1, 1], [[7], [17]]))
+  rollout = buffer.pop_chunk()
+  np.testing.assert_array_equal(rollout.end, [[1, 1], [0, 0], [0, 0]])
+  np.testing.assert_array_equal(rollout.env_discount, [[1, 1], [1, 1], [1, 1]])  # Truncated.
+  np.testing.assert_array_equal(rollout.observation[:, :, 0], [[0, 10], [5, 15], [6, 16]])
+
+
 @pytest.mark.parametrize("flags, field", [
     (dict(prioritized=True), "prioritized"), (dict(double_q=True), "double_q"),
     (dict(distributional=True), "distributional"), (dict(iqn=True), "iqn"),
