@@ -28,7 +28,6 @@ import math
 import os
 import re
 import sys
-import types
 from typing import Dict, List, Tuple
 
 from absl import app
@@ -41,6 +40,7 @@ from acme_jax_dqn import envs  # pylint: disable=wrong-import-position
 from acme_jax_dqn import xla_setup  # pylint: disable=wrong-import-position
 from agents.dqn.builder import DQNBuilder  # pylint: disable=wrong-import-position
 from bench import harness  # pylint: disable=wrong-import-position
+from bench import purejaxrl_peer  # pylint: disable=wrong-import-position
 from launch import flags as launch_flags  # pylint: disable=wrong-import-position
 
 launch_flags.define_flags()
@@ -166,43 +166,8 @@ def ours_hlo() -> Tuple[str, float, float]:
 
 def purejaxrl_hlo(checkout: str) -> Tuple[str, float, float]:
   """(optimized HLO, env steps per iteration, share of iterations that learn)."""
-  path = os.path.join(checkout, "purejaxrl", "dqn.py")
-  if not os.path.exists(path):
-    raise SystemExit(f"--purejaxrl_dir={checkout}: no purejaxrl/dqn.py there. Fetch "
-                     "https://github.com/luchris429/purejaxrl (git clone) and point "
-                     "--purejaxrl_dir at the clone.")
-  with open(path) as f:
-    source = f.read()
-  for old in ("_obs, _, _reward, _done, _ = env.step(rng, _env_state, _action, env_params)",
-              "obs, env_state, reward, done, info = vmap_step(config[\"NUM_ENVS\"])("):
-    if old not in source:
-      raise SystemExit(f"{path}: the line `{old}` is not there; this script reads PureJaxRL "
-                       "at commit 31756b1.")
-  source = source.replace(
-      "_obs, _, _reward, _done, _ = env.step(rng, _env_state, _action, env_params)",
-      "_obs, _, _reward, _term, _trunc, _ = env.step(rng, _env_state, _action, env_params)\n"
-      "        _done = jnp.logical_or(_term, _trunc)")
-  source = source.replace(
-      "obs, env_state, reward, done, info = vmap_step(config[\"NUM_ENVS\"])(",
-      "obs, env_state, reward, _term, _trunc, info = vmap_step(config[\"NUM_ENVS\"])(")
-  source = source.replace(
-      "            train_state = train_state.replace(\n"
-      "                timesteps=train_state.timesteps + config[\"NUM_ENVS\"]",
-      "            done = jnp.logical_or(_term, _trunc)\n"
-      "            train_state = train_state.replace(\n"
-      "                timesteps=train_state.timesteps + config[\"NUM_ENVS\"]")
-  sys.modules.setdefault("wandb", types.ModuleType("wandb"))
-  if not hasattr(jax, "tree_map"):  # Removed in jax 0.6; the script's code path still calls it.
-    jax.tree_map = jax.tree.map
-  module = types.ModuleType("purejaxrl_dqn")
-  exec(compile(source, path, "exec"), module.__dict__)  # pylint: disable=exec-used
-  config = {"NUM_ENVS": 10, "BUFFER_SIZE": 10000, "BUFFER_BATCH_SIZE": 128,
-            "TOTAL_TIMESTEPS": 10 * FLAGS.iterations * 10, "EPSILON_START": 1.0,
-            "EPSILON_FINISH": 0.05, "EPSILON_ANNEAL_TIME": 25e4,
-            "TARGET_UPDATE_INTERVAL": 500, "LR": 2.5e-4, "LEARNING_STARTS": 10000,
-            "TRAINING_INTERVAL": 10, "LR_LINEAR_DECAY": False, "GAMMA": 0.99, "TAU": 1.0,
-            "ENV_NAME": "CartPole-v1", "SEED": 0, "NUM_SEEDS": 1, "WANDB_MODE": "disabled"}
-  train = jax.vmap(module.make_train(config))
+  config = purejaxrl_peer.main_config(10 * FLAGS.iterations * 10)
+  train = purejaxrl_peer.make_train(purejaxrl_peer.load(checkout), config)
   keys = jax.random.split(jax.random.PRNGKey(0), 1)
   text = jax.jit(train).lower(keys).compile().as_text()
   # It learns when its env-step count (NUM_ENVS more each iteration) is a multiple of

@@ -13,6 +13,7 @@ metrics comes back for the terminal and train.csv.
 import concurrent.futures
 import functools
 import math
+import os
 from typing import Any, Dict, List, Optional
 
 import jax
@@ -166,9 +167,67 @@ def _check_independent_seeds(experiment: ExperimentConfig, seed_devices: int) ->
         f"seed per device (on the CPU, `cpu_devices`={experiment.num_seeds}).")
 
 
+def _device_memory_bytes(device) -> Optional[int]:
+  """What one device can hold: its allocator's limit, or the host's memory for a CPU device."""
+  stats = device.memory_stats() or {}
+  if "bytes_limit" in stats:
+    return int(stats["bytes_limit"])
+  if device.platform == "cpu" and hasattr(os, "sysconf"):
+    try:
+      return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+      return None
+  return None
+
+
+def _check_memory(state_shape, mesh: jax.sharding.Mesh, num_seeds: int,
+                  config: DQNConfig) -> None:
+  """Refuses, before compiling, seeds whose training state cannot fit on the devices.
+
+  The state (replay, parameters, optimizer, environments) of every seed
+  lives on the device for the whole run; a device holds its block of seeds.
+  """
+  limit = _device_memory_bytes(mesh.devices.flat[0])
+  if not limit:
+    return
+  total = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(state_shape))
+  per_seed = total / num_seeds
+  # CPU devices share the host's memory; other devices each hold their block.
+  shared = mesh.devices.flat[0].platform == "cpu"
+  seeds_per_limit = num_seeds if shared else num_seeds // mesh.size
+  if per_seed * seeds_per_limit > 0.9 * limit:
+    fits = int(0.9 * limit // per_seed) * (1 if shared else mesh.size)
+    gib = lambda n: f"{n / 2**30:.1f} GiB"
+    raise ConfigError(
+        f"`num_seeds`={num_seeds}: the training state needs {gib(per_seed * seeds_per_limit)}"
+        f" {'of host memory' if shared else 'per device'} ({per_seed / 2**20:,.1f} MiB per "
+        f"seed, its replay of `replay_capacity`={config.replay_capacity} included) and "
+        f"{'the host' if shared else 'a device'} holds {gib(limit)}. Use `num_seeds` <= "
+        f"{max(fits, 0)}, or a smaller `replay_capacity`.")
+
+
 def _per_device(fn, mesh, in_specs, out_specs=P("seeds")):
   """`fn` (vmapped over seeds) run on each device's block of seeds, with no cross-device work."""
   return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+
+
+def _over_seeds(fn, seeds_per_device: int, in_axes=0):
+  """`fn` over a device's block of seeds: vmapped, or, for a block of one, run unbatched.
+
+  vmap over one seed is not free: the seed's replay writes and reads at
+  its own index become scatters and gathers over a batch of one. With one
+  seed per device the program drops the seed axis and adds it back.
+  """
+  if seeds_per_device > 1:
+    return jax.vmap(fn, in_axes=in_axes)
+  axes = in_axes if isinstance(in_axes, tuple) else None
+
+  def one_seed(*args):
+    args = [a if axes is not None and axes[i] is None else jax.tree.map(lambda x: x[0], a)
+            for i, a in enumerate(args)]
+    return jax.tree.map(lambda x: x[None], fn(*args))
+
+  return one_seed
 
 
 def _mean(values) -> float:
@@ -231,23 +290,26 @@ class AnakinSource(Source):
         networks_lib.choose_torso(env.spec.observations.shape, config.torso),
         saved_devices, experiment.one_cpu_core)
     _check_independent_seeds(experiment, mesh.size)
-    init = jax.jit(_per_device(jax.vmap(trainer.init), mesh, P("seeds")))
+    per_device = num_seeds // mesh.size
+    init = jax.jit(_per_device(_over_seeds(trainer.init, per_device), mesh, P("seeds")))
     state_shape = jax.eval_shape(init, train_keys)
+    _check_memory(state_shape, mesh, num_seeds, config)
     chunk_fn = _per_device(
-        jax.vmap(functools.partial(trainer.train_chunk,
-                                   num_iterations=plan.iterations_per_chunk),
-                 in_axes=(0, None)), mesh, (P("seeds"), P()))
+        _over_seeds(functools.partial(trainer.train_chunk,
+                                      num_iterations=plan.iterations_per_chunk),
+                    per_device, in_axes=(0, None)), mesh, (P("seeds"), P()))
     # XLA compiles a program on the thread that asks: the init compiles beside
     # the training chunk, and the evaluation (not needed before the first
     # chunk ends) after the init, meanwhile.
     init_future = _compile_in_background(init.lower(train_keys))
-    evaluate_lowered = jax.jit(_per_device(jax.vmap(trainer.evaluate), mesh,
-                                           (P("seeds"), P("seeds")))).lower(
-        state_shape.learner.online_params, self._eval_keys)
+    self._evaluate = _compile_in_background(
+        jax.jit(_per_device(_over_seeds(trainer.evaluate, per_device), mesh, (P("seeds"), P("seeds")))).lower(
+            state_shape.learner.online_params, self._eval_keys))
     self._train_chunk = jax.jit(chunk_fn, donate_argnums=0).lower(
         state_shape, np.int32(0)).compile()
     self._state = init_future.result()(train_keys)
-    self._evaluate = _compile_in_background(evaluate_lowered)
+    if jax.default_backend() == "cpu":
+      self._evaluate.result()
     jax.block_until_ready(self._state)
     self._chunks, self._first_step = 0, 0
     self._metrics: Dict[str, Any] = {}

@@ -386,7 +386,7 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 from acme_jax_dqn import envs
-from agents.dqn.anakin import _per_device
+from agents.dqn.anakin import _over_seeds, _per_device
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import DQNConfig
 
@@ -401,9 +401,10 @@ compiled = {}
 def train(seeds, devices):
   if (len(seeds), devices) not in compiled:
     mesh = jax.sharding.Mesh(np.array(jax.local_devices()[:devices]), ("seeds",))
-    init = _per_device(jax.vmap(trainer.init), mesh, P("seeds"))
-    chunk = _per_device(jax.vmap(functools.partial(trainer.train_chunk, num_iterations=300),
-                                 in_axes=(0, None)), mesh, (P("seeds"), P()))
+    per_device = len(seeds) // devices  # One seed per device runs unbatched, more are vmapped.
+    init = _per_device(_over_seeds(trainer.init, per_device), mesh, P("seeds"))
+    chunk = _per_device(_over_seeds(functools.partial(trainer.train_chunk, num_iterations=300),
+                                    per_device, in_axes=(0, None)), mesh, (P("seeds"), P()))
     compiled[(len(seeds), devices)] = jax.jit(lambda keys: chunk(init(keys), np.int32(0)))
   keys = np.stack([np.asarray(jax.random.PRNGKey(s)) for s in seeds])
   state, metrics = compiled[(len(seeds), devices)](keys)
@@ -423,7 +424,8 @@ print(json.dumps(out))
 
 def test_seed_k_in_a_k_seed_program_trains_what_it_trains_alone():
   """Seeds in one vmapped program, on one device or split, are not coupled: after a few
-  hundred learner steps seed k's parameters equal seed k's alone to float rounding."""
+  hundred learner steps seed k's parameters equal seed k's alone (one seed on its device,
+  which runs unbatched) to float rounding."""
   result = subprocess.run([sys.executable, "-c", _SEED_LAYOUT_SCRIPT], cwd=ROOT,
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "JAX_PLATFORMS": "cpu"})
@@ -434,6 +436,17 @@ def test_seed_k_in_a_k_seed_program_trains_what_it_trains_alone():
   for layout, diffs in out["layouts"].items():
     assert max(diffs) < 1e-4, (layout, diffs)
   assert out["apart"] > 1e-2  # Different seeds train different parameters.
+
+
+def test_seeds_whose_state_cannot_fit_in_memory_are_refused_before_compiling(tmp_path):
+  experiment = ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin", num_seeds=2,
+                                total_steps=400, logdir=str(tmp_path / "run"), quiet=True,
+                                loggers=("csv",))
+  with pytest.raises(ConfigError, match=r"`num_seeds`=2: the training state needs [\d,.]+ GiB "
+                     r"of host memory .*`replay_capacity`=2000000000 included.*Use `num_seeds` "
+                     r"<= 0, or a smaller `replay_capacity`"):
+    run_experiment(experiment, _tiny_config(replay_capacity=2 * 10**9))
+  assert not (tmp_path / "run" / "train.csv").exists()
 
 
 def test_jax_batches_rbg_bits_from_the_first_key_so_such_seeds_are_refused(tmp_path):

@@ -1,0 +1,107 @@
+"""The compiled trainer beside PureJaxRL's dqn.py: compile time and env steps/s, 1 to 2,048 seeds.
+
+  python -m bench.gpu_speed --purejaxrl_dir=/path/to/purejaxrl          # on the GPU
+  python -m bench.gpu_speed --purejaxrl_dir=/path/to/purejaxrl \\
+      --num_seeds=1 --total_steps=100000 --minatar_seeds= --repeats=2   # the CPU comparison
+
+For each `--num_seeds` value it times PureJaxRL's `purejaxrl/dqn.py` (its
+`main()` config, read from --purejaxrl_dir; see bench/purejaxrl_peer.py)
+and ours (`launch.run_dqn --flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg`,
+the same settings) on gymnax CartPole-v1, then ours on
+Breakout-MinAtar at each `--minatar_seeds` value. Every program runs in
+its own process with the compile cache off; compile time is timed apart
+from the run. Ours counts its final evaluation in the run (PureJaxRL's
+program has none). With `--repeats` > 1 the pairs alternate, so a
+machine's drift reaches both. Prints one table and writes it to --out.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from absl import app
+from absl import flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # For `bench`.
+from bench import harness  # pylint: disable=wrong-import-position
+from bench import purejaxrl_peer  # pylint: disable=wrong-import-position
+
+flags.DEFINE_string("purejaxrl_dir", "", "A checkout of luchris429/purejaxrl at commit 31756b1.")
+flags.DEFINE_list("num_seeds", ["1", "2048"], "Seeds per program, CartPole (both programs).")
+flags.DEFINE_list("minatar_seeds", ["1", "64"], "Seeds per program, Breakout-MinAtar (ours); "
+                  "empty: none.")
+flags.DEFINE_integer("total_steps", 200_000, "Env steps per seed.")
+flags.DEFINE_integer("repeats", 1, "Alternating pairs per seed count.")
+flags.DEFINE_list("extra_flags", [], "More launch.run_dqn flags for our runs, e.g. "
+                  "--extra_flags=--prng_impl=unsafe_rbg.")
+flags.DEFINE_string("logdir", "runs/bench_gpu_speed", "Where our runs write their logs.")
+flags.DEFINE_string("out", "", "Markdown table to write (default: bench/results/gpu_speed.md on "
+                    "a GPU, bench/results/purejaxrl_speed_<backend>.md elsewhere).")
+FLAGS = flags.FLAGS
+CFG = "launch/configs/cartpole_anakin_purejaxrl.cfg"
+GOAL_RATIO, GOAL_BREAKOUT_SPS, GOAL_COMPILE_SLACK_S = 1.2, 100_000, 3.0
+
+
+def peer(num_seeds: int) -> dict:
+  out = subprocess.run(
+      [sys.executable, "-m", "bench.purejaxrl_peer", f"--purejaxrl_dir={FLAGS.purejaxrl_dir}",
+       f"--num_seeds={num_seeds}", f"--total_steps={FLAGS.total_steps}"],
+      cwd=harness.ROOT, check=True, capture_output=True, text=True)
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def ours(num_seeds: int, env: str, tag: str) -> dict:
+  s = harness.run_preset(
+      [f"--flagfile={CFG}", f"--env={env}", f"--num_seeds={num_seeds}",
+       f"--total_steps={FLAGS.total_steps}", f"--log_every={FLAGS.total_steps}",
+       "--compilation_cache_dir="],
+      os.path.join(FLAGS.logdir, tag), FLAGS.extra_flags)
+  return {"compile_s": s["compile_s"], "sps_after_compile": s["sps_after_compile_all_seeds"],
+          "summary": s}
+
+
+def main(argv):
+  del argv
+  purejaxrl_peer.load(FLAGS.purejaxrl_dir)  # A missing checkout stops here, before any run.
+  header = ["program", "env", "seeds", "compile s", "env steps/s after compile (all seeds)",
+            "ours / PureJaxRL"]
+  rows, goals, summary = [], [], None
+  for num_seeds in map(int, FLAGS.num_seeds):
+    for repeat in range(FLAGS.repeats):
+      theirs = peer(num_seeds)
+      mine = ours(num_seeds, "gymnax:CartPole-v1", f"cartpole_{num_seeds}_{repeat}")
+      summary = mine["summary"]
+      ratio = mine["sps_after_compile"] / theirs["sps_after_compile"]
+      harness.add_row(rows, f"| PureJaxRL dqn.py | CartPole-v1 | {num_seeds} | "
+                      f"{theirs['compile_s']:.1f} | {theirs['sps_after_compile']:,.0f} | |")
+      harness.add_row(rows, f"| ours | CartPole-v1 | {num_seeds} | {mine['compile_s']:.1f} | "
+                      f"{mine['sps_after_compile']:,.0f} | **{ratio:.2f}x** |")
+      goals.append(f"{num_seeds} seed(s), pair {repeat + 1}: {ratio:.2f}x PureJaxRL's env "
+                   f"steps/s (goal >= {GOAL_RATIO}: "
+                   f"{'met' if ratio >= GOAL_RATIO else 'missed'}); compile "
+                   f"{mine['compile_s']:.1f} s against {theirs['compile_s']:.1f} s (goal <= +"
+                   f"{GOAL_COMPILE_SLACK_S:.0f} s: "
+                   f"{'met' if mine['compile_s'] <= theirs['compile_s'] + GOAL_COMPILE_SLACK_S else 'missed'}).")
+  for num_seeds in map(int, FLAGS.minatar_seeds):
+    mine = ours(num_seeds, "gymnax:Breakout-MinAtar", f"breakout_{num_seeds}")
+    harness.add_row(rows, f"| ours | Breakout-MinAtar | {num_seeds} | {mine['compile_s']:.1f} | "
+                    f"{mine['sps_after_compile']:,.0f} | |")
+    if num_seeds == 1:
+      goals.append(f"Breakout-MinAtar, 1 seed: {mine['sps_after_compile']:,.0f} env steps/s "
+                   f"(goal >= {GOAL_BREAKOUT_SPS:,}: "
+                   f"{'met' if mine['sps_after_compile'] >= GOAL_BREAKOUT_SPS else 'missed'}).")
+  compared = (f"compared: ours ({CFG}{', ' + ' '.join(FLAGS.extra_flags) if FLAGS.extra_flags else ''}) "
+              f"and PureJaxRL's purejaxrl/dqn.py (main() config), {FLAGS.total_steps:,} env "
+              "steps per seed, each program in its own process with a cold compile; env "
+              "steps/s count the run after compiling (ours includes its final evaluation).")
+  backend = (summary or {}).get("backend", "cpu")
+  out = FLAGS.out or ("bench/results/gpu_speed.md" if backend == "gpu" else
+                      f"bench/results/purejaxrl_speed_{backend}.md")
+  notes = [compared, ""] + [f"- {g}" for g in goals]
+  print("\n".join(notes))
+  harness.write_table(out, harness.command_line(), header, rows, notes=notes, summary=summary)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,96 @@
+"""PureJaxRL's `purejaxrl/dqn.py`, read from a checkout, for the benches that run it beside ours.
+
+Nothing of PureJaxRL enters this repository: the script is read from
+`checkout` (a clone of luchris429/purejaxrl, at commit 31756b1) and run in
+memory with its `main()` config. Three changes, in memory only: gymnax
+1.0's step returns `terminated, truncated` where the script unpacks one
+`done` (so `done` is their `or`); `wandb`, imported but unused here, is a
+stand-in module; and `jax.tree_map` (gone from jax 0.6 on) is `jax.tree.map`.
+"""
+
+import os
+import sys
+import types
+from typing import Any, Callable, Dict
+
+import jax
+
+COMMIT = "31756b1"
+_REPLACEMENTS = (
+    ("_obs, _, _reward, _done, _ = env.step(rng, _env_state, _action, env_params)",
+     "_obs, _, _reward, _term, _trunc, _ = env.step(rng, _env_state, _action, env_params)\n"
+     "        _done = jnp.logical_or(_term, _trunc)"),
+    ("obs, env_state, reward, done, info = vmap_step(config[\"NUM_ENVS\"])(",
+     "obs, env_state, reward, _term, _trunc, info = vmap_step(config[\"NUM_ENVS\"])("),
+    ("            train_state = train_state.replace(\n"
+     "                timesteps=train_state.timesteps + config[\"NUM_ENVS\"]",
+     "            done = jnp.logical_or(_term, _trunc)\n"
+     "            train_state = train_state.replace(\n"
+     "                timesteps=train_state.timesteps + config[\"NUM_ENVS\"]"),
+)
+
+
+def main_config(total_steps: int, env_name: str = "CartPole-v1") -> Dict[str, Any]:
+  """The script's `main()` config, with the budget and environment set."""
+  return {"NUM_ENVS": 10, "BUFFER_SIZE": 10000, "BUFFER_BATCH_SIZE": 128,
+          "TOTAL_TIMESTEPS": int(total_steps), "EPSILON_START": 1.0,
+          "EPSILON_FINISH": 0.05, "EPSILON_ANNEAL_TIME": 25e4,
+          "TARGET_UPDATE_INTERVAL": 500, "LR": 2.5e-4, "LEARNING_STARTS": 10000,
+          "TRAINING_INTERVAL": 10, "LR_LINEAR_DECAY": False, "GAMMA": 0.99, "TAU": 1.0,
+          "ENV_NAME": env_name, "SEED": 0, "NUM_SEEDS": 1, "WANDB_MODE": "disabled"}
+
+
+def load(checkout: str, flag: str = "--purejaxrl_dir") -> types.ModuleType:
+  """The script as a module; exits with a line naming `flag` when the checkout is not there."""
+  path = os.path.join(checkout, "purejaxrl", "dqn.py")
+  if not checkout or not os.path.exists(path):
+    raise SystemExit(f"{flag}={checkout!r}: no purejaxrl/dqn.py there. Clone "
+                     "https://github.com/luchris429/purejaxrl (commit "
+                     f"{COMMIT}) and point {flag} at the clone.")
+  with open(path) as f:
+    source = f.read()
+  for old, new in _REPLACEMENTS:
+    if old not in source:
+      raise SystemExit(f"{path}: the line `{old.strip()}` is not there; the benches read "
+                       f"PureJaxRL at commit {COMMIT}.")
+    source = source.replace(old, new)
+  sys.modules.setdefault("wandb", types.ModuleType("wandb"))
+  if not hasattr(jax, "tree_map"):  # Removed in jax 0.6; the script's code path still calls it.
+    jax.tree_map = jax.tree.map
+  module = types.ModuleType("purejaxrl_dqn")
+  exec(compile(source, path, "exec"), module.__dict__)  # pylint: disable=exec-used
+  return module
+
+
+def make_train(module: types.ModuleType, config: Dict[str, Any]) -> Callable:
+  """`train(keys [num_seeds])`: the script's training program vmapped over seeds."""
+  return jax.vmap(module.make_train(config))
+
+
+def time_run(checkout: str, num_seeds: int, total_steps: int,
+             env_name: str = "CartPole-v1") -> Dict[str, float]:
+  """Compiles then runs the script's program once: compile s, run s, env steps/s (all seeds)."""
+  import time  # pylint: disable=import-outside-toplevel
+  train = jax.jit(make_train(load(checkout), main_config(total_steps, env_name)))
+  keys = jax.random.split(jax.random.PRNGKey(0), num_seeds)
+  start = time.perf_counter()
+  compiled = train.lower(keys).compile()
+  compile_s = time.perf_counter() - start
+  start = time.perf_counter()
+  jax.block_until_ready(compiled(keys))
+  run_s = time.perf_counter() - start
+  return {"compile_s": compile_s, "run_s": run_s,
+          "sps_after_compile": num_seeds * total_steps / run_s, "backend": jax.default_backend()}
+
+
+if __name__ == "__main__":  # One timed run in its own process, as JSON (bench/gpu_speed.py).
+  import argparse  # pylint: disable=import-outside-toplevel
+  import json  # pylint: disable=import-outside-toplevel
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--purejaxrl_dir", required=True)
+  parser.add_argument("--num_seeds", type=int, default=1)
+  parser.add_argument("--total_steps", type=int, default=200_000)
+  parser.add_argument("--env_name", default="CartPole-v1")
+  args = parser.parse_args()
+  print(json.dumps(time_run(args.purejaxrl_dir, args.num_seeds, args.total_steps,
+                            args.env_name)))

@@ -1,0 +1,78 @@
+"""The bench scripts' peer loading: PureJaxRL's script is read from a checkout, never vendored."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bench import purejaxrl_peer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The three lines of purejaxrl/dqn.py (commit 31756b1) the loader rewrites, in a stand-in script.
+_STAND_IN = '''
+import jax.numpy as jnp
+
+
+class Env:
+    def step(self, rng, state, action, params):
+        return 1, 2, 3, jnp.bool_(True), jnp.bool_(False), {}
+
+
+def make_train(config):
+    def train(rng):
+        env, env_params, _env_state, _action = Env(), None, None, None
+        _obs, _, _reward, _done, _ = env.step(rng, _env_state, _action, env_params)
+
+        def vmap_step(n):
+            return lambda rng, env_state, action: env.step(rng, env_state, action, None)
+
+        class TrainState:
+            timesteps = 0
+
+            def replace(self, timesteps):
+                return timesteps
+
+        if True:
+            train_state, env_state, action = TrainState(), None, None
+            obs, env_state, reward, done, info = vmap_step(config["NUM_ENVS"])(
+                rng, env_state, action
+            )
+            train_state = train_state.replace(
+                timesteps=train_state.timesteps + config["NUM_ENVS"]
+            )
+        return bool(_done), bool(done), train_state
+    return train
+'''
+
+
+def _checkout(tmp_path, text):
+  os.makedirs(tmp_path / "purejaxrl")
+  (tmp_path / "purejaxrl" / "dqn.py").write_text(text)
+  return str(tmp_path)
+
+
+def test_the_loader_rewrites_the_step_unpacking_for_gymnax_1(tmp_path):
+  """gymnax 1.0's step returns (obs, state, reward, terminated, truncated, info); the script
+  unpacks five values, so the loader makes `done` their `or`."""
+  module = purejaxrl_peer.load(_checkout(tmp_path, _STAND_IN))
+  assert module.make_train({"NUM_ENVS": 3})(None) == (True, True, 3)
+  with open(tmp_path / "purejaxrl" / "dqn.py") as f:
+    assert "_term, _trunc" not in f.read()  # The checkout itself is left as it was.
+
+
+def test_a_script_of_another_commit_is_refused_by_name(tmp_path):
+  checkout = _checkout(tmp_path, _STAND_IN.replace("_done, _ = env.step", "_d, _ = env.step"))
+  with pytest.raises(SystemExit, match="the benches read PureJaxRL at commit 31756b1"):
+    purejaxrl_peer.load(checkout)
+
+
+def test_a_bench_run_without_the_checkout_says_what_to_clone_before_running(tmp_path):
+  result = subprocess.run(
+      [sys.executable, "-m", "bench.gpu_speed", "--num_seeds=1", "--minatar_seeds=",
+       f"--logdir={tmp_path / 'runs'}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert result.returncode != 0
+  assert ("--purejaxrl_dir='': no purejaxrl/dqn.py there. Clone "
+          "https://github.com/luchris429/purejaxrl") in result.stderr + result.stdout
+  assert not (tmp_path / "runs").exists()
