@@ -38,6 +38,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # For `bench`.
 from acme_jax_dqn import envs  # pylint: disable=wrong-import-position
 from acme_jax_dqn import xla_setup  # pylint: disable=wrong-import-position
+from agents.dqn import seed_layout  # pylint: disable=wrong-import-position
 from agents.dqn.builder import DQNBuilder  # pylint: disable=wrong-import-position
 from bench import harness  # pylint: disable=wrong-import-position
 from bench import purejaxrl_peer  # pylint: disable=wrong-import-position
@@ -155,11 +156,15 @@ def ours_hlo() -> Tuple[str, float, float]:
   env = envs.make_jax_environment(experiment.env)
   builder = DQNBuilder(config)
   trainer = builder.make_anakin(env, builder.make_networks(env.spec))
+  # The program a one-seed run compiles: unbatched, or vmapped over its one seed under an
+  # RngBitGenerator PRNG (agents/dqn/anakin.py).
+  batched = experiment.prng_impl in seed_layout.RBG_IMPLS
   with xla_setup.prng_impl(experiment.prng_impl):  # The run's PRNG; PureJaxRL keeps its own.
     keys = jax.random.split(jax.random.PRNGKey(0), 1)
-    state = jax.eval_shape(jax.vmap(trainer.init), keys)
-    chunk = jax.vmap(lambda s, i: trainer.train_chunk(s, i, FLAGS.iterations),
-                     in_axes=(0, None))
+    init = seed_layout.over_seeds(trainer.init, batched)
+    chunk = seed_layout.over_seeds(
+        lambda s, i: trainer.train_chunk(s, i, FLAGS.iterations), batched, in_axes=(0, None))
+    state = jax.eval_shape(init, keys)
     text = jax.jit(chunk).lower(state, np.int32(0)).compile().as_text()
   return text, trainer.env_steps_per_iteration * config.num_envs, 1.0
 

@@ -1,11 +1,12 @@
 """Anakin mode: the compiled trainer driven chunk by chunk, with the local mode's logs and summary.
 
 `AnakinSource` builds `acme_jax_dqn.anakin` from the `DQNBuilder`,
-vmaps it over `num_seeds` seeds, splits the seeds over the local devices
-(`shard_map`: each device runs its block, with no cross-device work; on
-the CPU, `cpu_devices` makes the devices), compiles the init and the
-training chunk ahead of time (that is `compile_s`; the evaluation compiles in a
-background thread while training runs), then runs the chunks: each is one
+vmaps it over `num_seeds` seeds (a device with one seed runs it unbatched),
+splits the seeds over the local devices (`shard_map`: each device runs its
+block, with no cross-device work; on the CPU, `cpu_devices` makes the
+devices), compiles the init, the training chunk and the evaluation side by
+side ahead of time (that is `compile_s`; on a GPU or TPU the evaluation may
+finish compiling while training runs), then runs the chunks: each is one
 call on the device (one advance of the run loop), after which one row of
 metrics comes back for the terminal and train.csv.
 """
@@ -13,7 +14,6 @@ metrics comes back for the terminal and train.csv.
 import concurrent.futures
 import functools
 import math
-import os
 from typing import Any, Dict, List, Optional
 
 import jax
@@ -28,6 +28,7 @@ from acme_jax_dqn import networks as networks_lib
 from acme_jax_dqn import rate_limiting
 from acme_jax_dqn import seeding
 from agents.dqn import checkpoints
+from agents.dqn import seed_layout
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import ConfigError, DQNConfig
 from agents.dqn.experiment_config import ExperimentConfig
@@ -112,124 +113,6 @@ def _compile_in_background(lowered) -> concurrent.futures.Future:
   return future
 
 
-def _seed_mesh(num_seeds: int, cpu_devices: int, torso: str,
-               saved_devices: Optional[int] = None,
-               one_cpu_core: bool = False) -> jax.sharding.Mesh:
-  """The local devices the seeds are split over: the most, up to a cap, that divide `num_seeds`.
-
-  On the CPU the cap is `cpu_devices`; 0 means one device per seed for
-  MLP torsos, and one device for conv torsos or under `one_cpu_core`
-  (whose one thread every device would share). Measured on 2 cores: 16
-  seeds of the PureJaxRL CartPole preset ran 1.8x as fast on 16 devices
-  as on one (tiny ops, one thread each, so seeds on parallel threads
-  gain), while 3 MinAtar seeds ran 0.81x as fast on 3 devices (their conv
-  ops already use both cores inside one program). A resumed run keeps its
-  checkpoint's split (`saved_devices`): another split is another compiled
-  program, and the resume would not be exact.
-  """
-  devices = jax.local_devices()
-  if jax.default_backend() == "cpu":
-    auto = 1 if one_cpu_core or torso != "mlp" else len(devices)
-    wanted = saved_devices or cpu_devices or auto
-    if saved_devices and cpu_devices and cpu_devices != saved_devices:
-      loggers.warn(f"`cpu_devices`={cpu_devices}, but the checkpoint's run split its seeds "
-                   f"over {saved_devices} devices; the resume keeps {saved_devices} (exact "
-                   "resume).")
-    devices = devices[:wanted]
-  count = max(d for d in range(1, len(devices) + 1) if num_seeds % d == 0)
-  if cpu_devices and count < min(cpu_devices, num_seeds) and not saved_devices:
-    loggers.warn(f"`cpu_devices`={cpu_devices}: the {num_seeds} seeds split evenly over "
-                 f"{count} device(s) ({len(jax.local_devices())} exist); pick `num_seeds` a "
-                 "multiple of `cpu_devices` to use them all.")
-  return jax.sharding.Mesh(np.array(devices[:count]), ("seeds",))
-
-
-# PRNG implementations whose random bits come from XLA's RngBitGenerator.
-RBG_IMPLS = ("rbg", "unsafe_rbg")
-
-
-def _check_independent_seeds(experiment: ExperimentConfig, seed_devices: int) -> None:
-  """Refuses an RngBitGenerator PRNG with several seeds vmapped on one device.
-
-  JAX batches `rng_bit_generator` over a vmapped axis of keys by drawing
-  every element's bits from the first key (jax 0.10: lax's
-  `_rng_bit_generator_batching_rule`), so under `prng_impl`=rbg or
-  `unsafe_rbg` the seeds of one program would not each be their own run.
-  One seed per device keeps them apart (tests/agents/test_anakin.py shows both).
-  """
-  per_device = experiment.num_seeds // seed_devices
-  if experiment.prng_impl in RBG_IMPLS and per_device > 1:
-    raise ConfigError(
-        f"`prng_impl`={experiment.prng_impl} with {per_device} seeds on one device "
-        f"(`num_seeds`={experiment.num_seeds} over {seed_devices} device(s)): under vmap "
-        "JAX draws every seed's random bits from the first seed's key with this PRNG, so "
-        "the seeds would not be independent runs. Use `prng_impl`=threefry2x32, or one "
-        f"seed per device (on the CPU, `cpu_devices`={experiment.num_seeds}).")
-
-
-def _device_memory_bytes(device) -> Optional[int]:
-  """What one device can hold: its allocator's limit, or the host's memory for a CPU device."""
-  stats = device.memory_stats() or {}
-  if "bytes_limit" in stats:
-    return int(stats["bytes_limit"])
-  if device.platform == "cpu" and hasattr(os, "sysconf"):
-    try:
-      return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-      return None
-  return None
-
-
-def _check_memory(state_shape, mesh: jax.sharding.Mesh, num_seeds: int,
-                  config: DQNConfig) -> None:
-  """Refuses, before compiling, seeds whose training state cannot fit on the devices.
-
-  The state (replay, parameters, optimizer, environments) of every seed
-  lives on the device for the whole run; a device holds its block of seeds.
-  """
-  limit = _device_memory_bytes(mesh.devices.flat[0])
-  if not limit:
-    return
-  total = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(state_shape))
-  per_seed = total / num_seeds
-  # CPU devices share the host's memory; other devices each hold their block.
-  shared = mesh.devices.flat[0].platform == "cpu"
-  seeds_per_limit = num_seeds if shared else num_seeds // mesh.size
-  if per_seed * seeds_per_limit > 0.9 * limit:
-    fits = int(0.9 * limit // per_seed) * (1 if shared else mesh.size)
-    gib = lambda n: f"{n / 2**30:.1f} GiB"
-    raise ConfigError(
-        f"`num_seeds`={num_seeds}: the training state needs {gib(per_seed * seeds_per_limit)}"
-        f" {'of host memory' if shared else 'per device'} ({per_seed / 2**20:,.1f} MiB per "
-        f"seed, its replay of `replay_capacity`={config.replay_capacity} included) and "
-        f"{'the host' if shared else 'a device'} holds {gib(limit)}. Use `num_seeds` <= "
-        f"{max(fits, 0)}, or a smaller `replay_capacity`.")
-
-
-def _per_device(fn, mesh, in_specs, out_specs=P("seeds")):
-  """`fn` (vmapped over seeds) run on each device's block of seeds, with no cross-device work."""
-  return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
-
-
-def _over_seeds(fn, seeds_per_device: int, in_axes=0):
-  """`fn` over a device's block of seeds: vmapped, or, for a block of one, run unbatched.
-
-  vmap over one seed is not free: the seed's replay writes and reads at
-  its own index become scatters and gathers over a batch of one. With one
-  seed per device the program drops the seed axis and adds it back.
-  """
-  if seeds_per_device > 1:
-    return jax.vmap(fn, in_axes=in_axes)
-  axes = in_axes if isinstance(in_axes, tuple) else None
-
-  def one_seed(*args):
-    args = [a if axes is not None and axes[i] is None else jax.tree.map(lambda x: x[0], a)
-            for i, a in enumerate(args)]
-    return jax.tree.map(lambda x: x[None], fn(*args))
-
-  return one_seed
-
-
 def _mean(values) -> float:
   return float(np.mean(np.asarray(values, np.float64)))
 
@@ -285,25 +168,30 @@ class AnakinSource(Source):
     # Evaluation has its own stream per seed.
     self._eval_keys = np.stack([np.asarray(seeding.derive_key(s, seeding.Stream.EVAL_KEYS))
                                 for s in seeds])
-    self._mesh = mesh = _seed_mesh(
+    self._mesh = mesh = seed_layout.seed_mesh(
         num_seeds, experiment.cpu_devices,
         networks_lib.choose_torso(env.spec.observations.shape, config.torso),
         saved_devices, experiment.one_cpu_core)
-    _check_independent_seeds(experiment, mesh.size)
-    per_device = num_seeds // mesh.size
-    init = jax.jit(_per_device(_over_seeds(trainer.init, per_device), mesh, P("seeds")))
+    seed_layout.check_independent_seeds(experiment, mesh.size)
+    # One seed per device runs unbatched, except under an RngBitGenerator PRNG: there the
+    # batched and unbatched programs draw different bits, and a seed keeps the stream it had.
+    batched = num_seeds // mesh.size > 1 or experiment.prng_impl in seed_layout.RBG_IMPLS
+    init = jax.jit(seed_layout.per_device(seed_layout.over_seeds(trainer.init, batched), mesh,
+                                          P("seeds")))
     state_shape = jax.eval_shape(init, train_keys)
-    _check_memory(state_shape, mesh, num_seeds, config)
-    chunk_fn = _per_device(
-        _over_seeds(functools.partial(trainer.train_chunk,
+    seed_layout.check_memory(state_shape, mesh, num_seeds, config)
+    chunk_fn = seed_layout.per_device(
+        seed_layout.over_seeds(functools.partial(trainer.train_chunk,
                                       num_iterations=plan.iterations_per_chunk),
-                    per_device, in_axes=(0, None)), mesh, (P("seeds"), P()))
-    # XLA compiles a program on the thread that asks: the init compiles beside
-    # the training chunk, and the evaluation (not needed before the first
-    # chunk ends) after the init, meanwhile.
+                    batched, in_axes=(0, None)), mesh, (P("seeds"), P()))
+    # XLA compiles a program on the thread that asks: the init and the evaluation
+    # compile beside the training chunk. On the CPU training waits for the
+    # evaluation's compile, which would otherwise take the cores from the first
+    # chunk; an accelerator trains while the host compiles it.
     init_future = _compile_in_background(init.lower(train_keys))
     self._evaluate = _compile_in_background(
-        jax.jit(_per_device(_over_seeds(trainer.evaluate, per_device), mesh, (P("seeds"), P("seeds")))).lower(
+        jax.jit(seed_layout.per_device(seed_layout.over_seeds(trainer.evaluate, batched), mesh,
+                            (P("seeds"), P("seeds")))).lower(
             state_shape.learner.online_params, self._eval_keys))
     self._train_chunk = jax.jit(chunk_fn, donate_argnums=0).lower(
         state_shape, np.int32(0)).compile()

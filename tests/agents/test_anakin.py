@@ -304,7 +304,7 @@ for name, seed, num_seeds in (("pair", 0, 2), ("alone", 1, 1)):
                                             ).restore_params()
   out[name] = {"seed_devices": summary["seed_devices"],
                "params": [np.asarray(x).tolist() for x in jax.tree.leaves(params)]}
-from agents.dqn.anakin import _seed_mesh
+from agents.dqn.seed_layout import seed_mesh as _seed_mesh
 out["mesh_sizes"] = [_seed_mesh(*args).size for args in
                      ((2, 0, "mlp"), (2, 0, "minatar_conv"), (3, 0, "mlp"), (4, 1, "mlp"),
                       (4, 2, "nature_conv"), (2, 0, "mlp", None, True), (2, 1, "mlp", 2))]
@@ -386,7 +386,7 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 from acme_jax_dqn import envs
-from agents.dqn.anakin import _over_seeds, _per_device
+from agents.dqn.seed_layout import over_seeds as _over_seeds, per_device as _per_device
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import DQNConfig
 
@@ -401,10 +401,10 @@ compiled = {}
 def train(seeds, devices):
   if (len(seeds), devices) not in compiled:
     mesh = jax.sharding.Mesh(np.array(jax.local_devices()[:devices]), ("seeds",))
-    per_device = len(seeds) // devices  # One seed per device runs unbatched, more are vmapped.
-    init = _per_device(_over_seeds(trainer.init, per_device), mesh, P("seeds"))
+    batched = len(seeds) > devices  # One seed per device runs unbatched, more are vmapped.
+    init = _per_device(_over_seeds(trainer.init, batched), mesh, P("seeds"))
     chunk = _per_device(_over_seeds(functools.partial(trainer.train_chunk, num_iterations=300),
-                                    per_device, in_axes=(0, None)), mesh, (P("seeds"), P()))
+                                    batched, in_axes=(0, None)), mesh, (P("seeds"), P()))
     compiled[(len(seeds), devices)] = jax.jit(lambda keys: chunk(init(keys), np.int32(0)))
   keys = np.stack([np.asarray(jax.random.PRNGKey(s)) for s in seeds])
   state, metrics = compiled[(len(seeds), devices)](keys)
