@@ -1,0 +1,45 @@
+"""Every preset in launch/configs/ parses into valid configs, as `launch.run_dqn` reads it."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIGS = os.path.join(ROOT, "launch", "configs")
+
+_SCRIPT = r"""
+import json, sys
+from absl import flags
+from launch import flags as launch_flags
+from agents.dqn.builder import DQNBuilder
+launch_flags.define_flags()
+out = {}
+for path in sys.argv[1:]:
+  argv = ["run_dqn", f"--flagfile={path}"]
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(argv)
+  try:
+    config = launch_flags.config_from_flags(argv)
+    experiment = launch_flags.experiment_from_flags()
+    DQNBuilder(config).make_loss()
+    out[path] = [experiment.env, experiment.run_mode, config.num_envs]
+  except Exception as error:  # pylint: disable=broad-except
+    out[path] = f"{type(error).__name__}: {error}"
+print(json.dumps(out))
+"""
+
+
+def test_every_preset_parses_into_valid_configs():
+  presets = sorted(os.path.join(CONFIGS, name) for name in os.listdir(CONFIGS)
+                   if name.endswith(".cfg"))
+  assert len(presets) >= 20
+  result = subprocess.run([sys.executable, "-c", _SCRIPT, *presets], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert result.returncode == 0, result.stderr[-2000:]
+  parsed = json.loads(result.stdout.strip().splitlines()[-1])
+  bad = {os.path.basename(p): v for p, v in parsed.items() if isinstance(v, str)}
+  assert not bad, bad
+  modes = {os.path.basename(p): v[1] for p, v in parsed.items()}
+  assert modes["minatar_full_rainbow.cfg"] == modes["minatar_iqn.cfg"] == "anakin"
