@@ -43,3 +43,4 @@ def test_every_preset_parses_into_valid_configs():
   assert not bad, bad
   modes = {os.path.basename(p): v[1] for p, v in parsed.items()}
   assert modes["minatar_full_rainbow.cfg"] == modes["minatar_iqn.cfg"] == "anakin"
+  assert modes["minatar_full_rainbow_lr_decay.cfg"] == "anakin"
