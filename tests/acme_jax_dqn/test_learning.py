@@ -294,3 +294,21 @@ def test_noisy_networks_draw_fresh_online_and_target_noise_each_sgd_step():
   plain = DQNConfig(hidden_sizes=(8,), batch_size=4)
   _, _, plain_step, plain_state = _builder_pieces(plain)
   np.testing.assert_array_equal(plain_step(plain_state, _batch(1.0))[0].key, plain_state.key)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_keep_if_finite_picks_new_or_old_tree_on_either_backend_path(monkeypatch, backend):
+  # The conditional (CPU) and the select (accelerators) must pick the same tree.
+  monkeypatch.setattr(learning.jax, "default_backend", lambda: backend)
+  new = {"w": jnp.arange(3.0), "b": jnp.float32(5.0)}
+  old = {"w": jnp.zeros(3), "b": jnp.float32(-1.0)}
+  keep = jax.jit(learning.keep_if_finite)
+  for finite, want in ((True, new), (False, old)):
+    got = keep(jnp.bool_(finite), new, old)
+    np.testing.assert_array_equal(got["w"], want["w"])
+    np.testing.assert_array_equal(got["b"], want["b"])
+  # Per-seed predicates under vmap: each seed keeps its own tree.
+  got = jax.vmap(learning.keep_if_finite)(jnp.array([True, False]),
+                                          jax.tree.map(lambda x: jnp.stack([x, x]), new),
+                                          jax.tree.map(lambda x: jnp.stack([x, x]), old))
+  np.testing.assert_array_equal(got["w"], np.stack([new["w"], old["w"]]))
