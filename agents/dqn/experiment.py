@@ -10,6 +10,7 @@ import time
 from typing import Any, Dict, Optional, Tuple
 
 from acme_jax_dqn import callbacks as callbacks_lib
+from acme_jax_dqn import loggers
 from acme_jax_dqn import xla_setup
 from agents.dqn import checkpoints
 from agents.dqn import run_loop
@@ -65,6 +66,7 @@ def train(experiment: ExperimentConfig, config: DQNConfig,
   checkpoints.check_start(experiment, config)
   with xla_setup.prng_impl(experiment.prng_impl):  # Every key of the run, then back as it was.
     start = time.perf_counter()  # compile_s counts from here.
+    loggers.preload(experiment.loggers)  # Imported while the program compiles.
     source = make_source(experiment, config)
     try:
       summary = run_loop.run(experiment, config, source, start, callbacks)

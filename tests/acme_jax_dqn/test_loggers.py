@@ -2,7 +2,9 @@
 
 import csv
 import io
+import subprocess
 import sys
+import threading
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -163,3 +165,27 @@ def test_c51_support_check_warns_once_when_clipped_mass_is_high(tmp_path):
   assert len(lines) == 1 and "80%" in lines[0] and "`v_min`=-10" in lines[0]
   assert "outside" in lines[0]
   assert "`v_max`=10" in lines[0] and "env step 20" in lines[0]
+
+
+@pytest.mark.parametrize("names, imported", [(("csv", "tensorboard"), True), (("csv",), False)])
+def test_preload_imports_the_tensorboard_writer_on_a_thread_only_when_asked(names, imported):
+  # A fresh interpreter, so that nothing has imported tensorboardX yet.
+  code = ("import sys, threading\n"
+          "from acme_jax_dqn import loggers\n"
+          "assert 'tensorboardX' not in sys.modules\n"
+          f"thread = loggers.preload({names!r})\n"
+          "assert thread is not threading.current_thread()\n"
+          "thread.join(60)\n"
+          "print('tensorboardX' in sys.modules)\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == str(imported)
+
+
+def test_preload_leaves_a_failed_import_to_the_loggers(monkeypatch):
+  monkeypatch.setitem(sys.modules, "tensorboardX", None)  # `import tensorboardX` raises.
+  escaped = []
+  monkeypatch.setattr(threading, "excepthook", escaped.append)
+  loggers.preload(("tensorboard",)).join(10)
+  assert not escaped
+  with pytest.raises(ImportError):
+    loggers.TensorBoardLogger("/nonexistent-logdir-never-created")

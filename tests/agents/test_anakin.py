@@ -464,3 +464,25 @@ def test_jax_batches_rbg_bits_from_the_first_key_so_such_seeds_are_refused(tmp_p
   with pytest.raises(ConfigError, match="`prng_impl`=unsafe_rbg with 2 seeds on one device"):
     run_experiment(experiment, _tiny_config())
   assert not (tmp_path / "run" / "train.csv").exists()
+
+
+@pytest.mark.parametrize("num_seeds", [1, 2])  # One seed runs unbatched; two are vmapped.
+def test_evaluation_i_uses_each_seeds_eval_key_folded_with_i(tmp_path, num_seeds):
+  from agents.dqn.anakin import AnakinSource  # pylint: disable=import-outside-toplevel
+  experiment = ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin", total_steps=1000,
+                                logdir=str(tmp_path), eval_episodes=4, quiet=True,
+                                num_seeds=num_seeds, save_checkpoints=False)
+  source = AnakinSource(experiment, _tiny_config(num_envs=2, min_replay_size=100))
+  try:
+    params = source.params()
+    evaluate = jax.jit(source._trainer.evaluate)  # pylint: disable=protected-access
+    keys = source._eval_keys  # pylint: disable=protected-access
+    want = {i: np.stack([evaluate(jax.tree.map(lambda x, s=s: x[s], params),
+                                  jax.random.fold_in(keys[s], i)) for s in range(num_seeds)])
+            for i in (0, 3)}  # Per seed, the return of each evaluation episode.
+    assert not np.array_equal(want[0], want[3])  # The index changes the episodes.
+    for i in (0, 3):
+      source.start_eval(i)
+      np.testing.assert_allclose(source.evals[-1][2], want[i], rtol=1e-6)
+  finally:
+    source.close()
