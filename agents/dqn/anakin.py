@@ -191,7 +191,7 @@ class AnakinSource(Source):
     init_future = _compile_in_background(init.lower(train_keys))
     # Evaluation i folds i into each seed's key inside the program. Folded on
     # the host, fold_in compiled a program of its own at the first evaluation
-    # (0.3 s after compile_s, about a tenth of a CartPole run's training).
+    # (0.3 s after compile_s; cartpole_anakin_purejaxrl.cfg trains for about 3.4 s).
     def evaluate(params, key, eval_index):
       return trainer.evaluate(params, jax.random.fold_in(key, eval_index))
 

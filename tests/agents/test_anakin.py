@@ -471,7 +471,8 @@ def test_evaluation_i_uses_each_seeds_eval_key_folded_with_i(tmp_path, num_seeds
   from agents.dqn.anakin import AnakinSource  # pylint: disable=import-outside-toplevel
   experiment = ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin", total_steps=1000,
                                 logdir=str(tmp_path), eval_episodes=4, quiet=True,
-                                num_seeds=num_seeds, save_checkpoints=False)
+                                num_seeds=num_seeds, save_checkpoints=False,
+                                cpu_devices=1)  # Both seeds on one device: vmapped.
   source = AnakinSource(experiment, _tiny_config(num_envs=2, min_replay_size=100))
   try:
     params = source.params()
