@@ -44,3 +44,5 @@ def test_every_preset_parses_into_valid_configs():
   modes = {os.path.basename(p): v[1] for p, v in parsed.items()}
   assert modes["minatar_full_rainbow.cfg"] == modes["minatar_iqn.cfg"] == "anakin"
   assert modes["minatar_full_rainbow_lr_decay.cfg"] == "anakin"
+  # The 1M-step PQN preset overrides minatar_pqn.cfg's copies; the rest is read through.
+  assert parsed[os.path.join(CONFIGS, "minatar_pqn_1m.cfg")][1:] == ["anakin", 32]
