@@ -1,5 +1,6 @@
-"""The bench scripts' peer loading: PureJaxRL's script is read from a checkout, never vendored."""
+"""The bench scripts: PureJaxRL read from a checkout (never vendored), and what the steady bench times."""
 
+import json
 import os
 import subprocess
 import sys
@@ -76,3 +77,44 @@ def test_a_bench_run_without_the_checkout_says_what_to_clone_before_running(tmp_
   assert ("--purejaxrl_dir='': no purejaxrl/dqn.py there. Clone "
           "https://github.com/luchris429/purejaxrl") in result.stderr + result.stdout
   assert not (tmp_path / "runs").exists()
+
+
+_STEADY_OURS = '''
+import sys
+from absl import flags
+import jax
+from acme_jax_dqn import checkpointing, xla_setup
+from bench import steady_speed
+from launch import flags as launch_flags
+flags.FLAGS(["steady"] + sys.argv[1:])
+experiment = launch_flags.experiment_from_flags()
+with xla_setup.prng_impl(experiment.prng_impl):
+  _, run, plan = steady_speed.ours_program(experiment, launch_flags.config_from_flags())
+  print(plan.num_chunks, *(checkpointing.params_checksum(jax.device_get(run())) for _ in range(2)))
+'''
+
+
+def test_the_steady_bench_times_the_run_that_run_dqn_makes_every_call(tmp_path):
+  """bench/steady_speed.py calls ours again and again in one process: each call must train the
+  same parameters as `launch.run_dqn` with the same flags (here over 2 chunks)."""
+  run_flags = ["--flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg", "--total_steps=3000",
+               "--min_replay_size=1000", "--log_every=1000", "--compilation_cache_dir="]
+  steady = subprocess.run([sys.executable, "-c", _STEADY_OURS, *run_flags], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, check=True)
+  chunks, first, second = steady.stdout.split()[-3:]
+  subprocess.run([sys.executable, "-m", "launch.run_dqn", *run_flags,
+                  f"--logdir={tmp_path}", "--quiet", "--nosave_checkpoints"],
+                 cwd=ROOT, check=True, capture_output=True, timeout=300)
+  with open(tmp_path / "summary.json") as f:
+    summary = json.load(f)
+  assert int(chunks) >= 2
+  assert first == second == summary["params_checksum"]
+
+
+def test_the_steady_bench_without_the_checkout_says_what_to_clone():
+  result = subprocess.run(
+      [sys.executable, "-m", "bench.steady_speed",
+       "--flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg"],
+      cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert result.returncode != 0
+  assert "--purejaxrl_dir='': no purejaxrl/dqn.py there. Clone" in result.stderr + result.stdout

@@ -1,0 +1,161 @@
+"""Ours and PureJaxRL's dqn.py, both compiled once in one process, then run again and again.
+
+  python -m bench.steady_speed --purejaxrl_dir=/path/to/purejaxrl --repeats=5
+
+bench/gpu_speed.py runs each program once per process, so each figure
+carries one cold process's luck (on a 2-core machine the same run's time
+after compile moved by 1.8x between runs). Here both programs are
+compiled once, side by side in one process, then called alternately
+`--repeats` + 1 times; the first pair warms up and is not counted. Each
+pair gives a ratio (env steps/s, ours over theirs); the table prints every
+pair and the median.
+
+A call of ours is what `launch.run_dqn` does after compiling, from
+`--flagfile` (default: launch/configs/cartpole_anakin_purejaxrl.cfg, the
+peer's settings): init, every training chunk of the run with its metrics
+copied to the host, then one greedy evaluation, over `--num_seeds` seeds
+vmapped on one device (run_dqn's layout on a GPU; on the CPU run_dqn
+splits seeds over CPU devices, so keep `--num_seeds=1` there). Logging
+and CSV writing are left out. A call of theirs is their compiled
+`train(keys)` (no evaluation). The compile cache is off for both.
+"""
+
+import functools
+import os
+import statistics
+import sys
+import time
+
+from absl import app
+from absl import flags
+import jax
+import numpy as np
+
+from acme_jax_dqn import checkpointing
+from acme_jax_dqn import envs
+from acme_jax_dqn import xla_setup
+from agents.dqn import seed_layout
+from agents.dqn.anakin import AnakinPlan
+from agents.dqn.builder import DQNBuilder
+from launch import flags as launch_flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # For `bench`.
+from bench import harness  # pylint: disable=wrong-import-position
+from bench import purejaxrl_peer  # pylint: disable=wrong-import-position
+
+launch_flags.define_flags()
+flags.DEFINE_string("purejaxrl_dir", "", "A checkout of luchris429/purejaxrl at commit 31756b1.")
+flags.DEFINE_integer("repeats", 5, "Timed pairs after the warm-up pair.")
+flags.DEFINE_string("out", "", "Markdown table to write (default: "
+                    "bench/results/purejaxrl_steady_<backend>.md).")
+FLAGS = flags.FLAGS
+DEFAULT_CFG = "launch/configs/cartpole_anakin_purejaxrl.cfg"
+
+
+def _timed(fn):
+  """(seconds, what fn returned)."""
+  start = time.perf_counter()
+  result = fn()
+  return time.perf_counter() - start, result
+
+
+def ours_program(experiment, config):
+  """(compile s, run(): one whole run after compiling, its AnakinPlan)."""
+  env = envs.make_jax_environment(experiment.env)
+  builder = DQNBuilder(config)
+  trainer = builder.make_anakin(env, builder.make_networks(env.spec, experiment.env),
+                                experiment.eval_episodes)
+  plan = AnakinPlan(trainer, config, experiment)
+  num_seeds = experiment.num_seeds
+  # run_dqn's rule: an RngBitGenerator PRNG keeps the vmapped program even for one seed.
+  batched = num_seeds > 1 or experiment.prng_impl in seed_layout.RBG_IMPLS
+  keys = np.stack([np.asarray(jax.random.PRNGKey(experiment.seed + i)) for i in range(num_seeds)])
+  init = jax.jit(seed_layout.over_seeds(trainer.init, batched))
+  chunk = jax.jit(seed_layout.over_seeds(
+      functools.partial(trainer.train_chunk, num_iterations=plan.iterations_per_chunk),
+      batched, in_axes=(0, None)), donate_argnums=0)
+
+  def evaluate(params, key, eval_index):
+    return trainer.evaluate(params, jax.random.fold_in(key, eval_index))
+
+  evaluate = jax.jit(seed_layout.over_seeds(evaluate, batched, in_axes=(0, 0, None)))
+  start = time.perf_counter()
+  init_c = init.lower(keys).compile()
+  state_shape = jax.eval_shape(init, keys)
+  chunk_c = chunk.lower(state_shape, np.int32(0)).compile()
+  eval_c = evaluate.lower(state_shape.learner.online_params, keys, np.int32(0)).compile()
+  compile_s = time.perf_counter() - start
+
+  def run():
+    state = init_c(keys)
+    for c in range(plan.num_chunks):
+      state, metrics = chunk_c(state, np.int32(c * plan.iterations_per_chunk))
+      jax.device_get(metrics)
+    np.asarray(eval_c(state.learner.online_params, keys, np.int32(0)))
+    return state.learner.online_params
+
+  return compile_s, run, plan
+
+
+def theirs_program(total_steps: int, num_seeds: int):
+  """(compile s, run(): their whole compiled program, env steps per seed)."""
+  train = jax.jit(purejaxrl_peer.make_train(purejaxrl_peer.load(FLAGS.purejaxrl_dir),
+                                            purejaxrl_peer.main_config(total_steps)))
+  keys = jax.random.split(jax.random.PRNGKey(0), num_seeds)
+  start = time.perf_counter()
+  compiled = train.lower(keys).compile()
+  compile_s = time.perf_counter() - start
+  return compile_s, lambda: jax.block_until_ready(compiled(keys)), total_steps
+
+
+def main(argv):
+  del argv
+  purejaxrl_peer.load(FLAGS.purejaxrl_dir)  # A missing checkout stops here, before compiling.
+  if FLAGS.repeats < 1:
+    raise SystemExit(f"--repeats={FLAGS.repeats}: at least 1 timed pair is needed.")
+  config = launch_flags.config_from_flags()
+  experiment = launch_flags.experiment_from_flags()
+  if experiment.run_mode != "anakin":
+    raise SystemExit(f"--run_mode={experiment.run_mode}: this bench times anakin mode; pass "
+                     f"an anakin flagfile, e.g. --flagfile={DEFAULT_CFG}.")
+  xla_setup.enable_compilation_cache("")
+  if experiment.one_cpu_core:
+    xla_setup.run_xla_on_one_cpu_core()
+  num_seeds = experiment.num_seeds
+  with xla_setup.prng_impl(experiment.prng_impl):
+    ours_compile, ours_run, plan = ours_program(experiment, config)
+  ours_steps = plan.env_steps
+  theirs_compile, theirs_run, theirs_steps = theirs_program(experiment.total_steps, num_seeds)
+  pairs, checksums = [], set()
+  for repeat in range(FLAGS.repeats + 1):
+    t_theirs, _ = _timed(theirs_run)
+    with xla_setup.prng_impl(experiment.prng_impl):
+      t_ours, params = _timed(ours_run)
+    checksums.add(checkpointing.params_checksum(jax.device_get(params)))
+    if repeat:
+      pairs.append((t_ours, t_theirs))
+  table = harness.PrintedTable(
+      ["pair", "PureJaxRL s", "PureJaxRL env steps/s", "ours s", "ours env steps/s",
+       "ours / PureJaxRL"], summary=harness.jax_here())
+  ratios = []
+  for i, (t_ours, t_theirs) in enumerate(pairs):
+    sps_ours, sps_theirs = ours_steps * num_seeds / t_ours, theirs_steps * num_seeds / t_theirs
+    ratios.append(sps_ours / sps_theirs)
+    table.add(f"| {i + 1} | {t_theirs:.2f} | {sps_theirs:,.0f} | {t_ours:.2f} | "
+              f"{sps_ours:,.0f} | {ratios[-1]:.2f}x |")
+  table.close(
+      FLAGS.out or f"bench/results/purejaxrl_steady_{jax.default_backend()}.md",
+      f"compared: ours (the run flags of the command, {num_seeds} seed(s), {ours_steps:,} env "
+      f"steps per seed: init, {plan.num_chunks} chunk(s) of {plan.iterations_per_chunk:,} iterations, one evaluation) and PureJaxRL's "
+      f"purejaxrl/dqn.py (main() config, {theirs_steps:,} env steps per seed), each compiled "
+      f"once in this process (ours {ours_compile:.1f} s, PureJaxRL {theirs_compile:.1f} s), "
+      f"then run alternately, a warm-up pair first and not shown. Median over {len(ratios)} "
+      f"pairs: **{statistics.median(ratios):.2f}x** PureJaxRL's env steps/s (lowest "
+      f"{min(ratios):.2f}x, highest {max(ratios):.2f}x). Ours' parameters after each call: "
+      + (f"the same every call (params_checksum {checksums.pop()}, as launch.run_dqn's "
+         "summary.json gives for these flags)." if len(checksums) == 1 else
+         f"{len(checksums)} different checksums: the calls did not compute the same run."))
+
+
+if __name__ == "__main__":
+  app.run(main)
