@@ -6,6 +6,7 @@ device query); each says so, and returns False when it is too late.
 
 import contextlib
 import os
+from typing import Any, Dict
 
 import jax
 
@@ -42,13 +43,27 @@ def enable_compilation_cache(path: str) -> None:
   which on this 2-core CPU turns seconds of compile into a fraction of one.
   An empty `path` leaves the cache off.
   """
+  for name, value in _cache_settings(path).items():
+    jax.config.update(name, value)
+
+
+def compilation_cache_env(path: str) -> Dict[str, str]:
+  """`enable_compilation_cache(path)` as environment variables, for processes started with them.
+
+  JAX reads each setting from its upper-case variable at import, so the Ray
+  nodes of a distributed run on this machine share the driver's cache: a
+  rerun loads their programs instead of compiling them. Empty when `path` is.
+  """
+  return {name.upper(): str(value) for name, value in _cache_settings(path).items()}
+
+
+def _cache_settings(path: str) -> Dict[str, Any]:
   if not path:
-    return
+    return {}
   path = os.path.expanduser(path)
   os.makedirs(path, exist_ok=True)
-  jax.config.update("jax_compilation_cache_dir", path)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  return {"jax_compilation_cache_dir": path, "jax_persistent_cache_min_compile_time_secs": 0.2,
+          "jax_persistent_cache_min_entry_size_bytes": 0}
 
 
 MAX_AUTO_CPU_DEVICES = 64

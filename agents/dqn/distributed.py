@@ -176,7 +176,8 @@ class DistributedSource(Source):
     except ValueError as error:
       raise ConfigError(str(error)) from error
     address = experiment.ray_address or os.environ.get("RAY_ADDRESS", "")
-    self._ray, self._started = ray_cluster.start_ray(address)
+    self._ray, self._started = ray_cluster.start_ray(address,
+                                                       experiment.compilation_cache_dir)
     self._node_handles: List[Any] = []
     try:
       self._start_nodes(spec)

@@ -34,7 +34,8 @@ class ExperimentConfig:
     num_seeds: seeds trained at once in one compiled program (anakin mode):
       seed, seed + 1, ..., seed + num_seeds - 1.
     compilation_cache_dir: JAX's persistent compilation cache ("" is off):
-      reruns of the same program load it instead of compiling.
+      reruns of the same program load it instead of compiling (in distributed
+      mode the Ray nodes too, when the run starts Ray on this machine).
     one_cpu_core: run XLA's CPU client on one core (faster compiled loops,
       slower cold compiles; on 2 cores the compiled anakin loop ran 1.1-1.5x
       faster, a cold compile 1.6x slower).

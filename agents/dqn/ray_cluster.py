@@ -5,6 +5,7 @@ import socket
 
 import jax
 
+from acme_jax_dqn import xla_setup
 from agents.dqn.config import ConfigError
 
 
@@ -27,7 +28,13 @@ def check_address(address: str, timeout_s: float = 3.0) -> None:
         "machine.") from None
 
 
-def start_ray(address: str):
+def start_ray(address: str, compilation_cache_dir: str = ""):
+  """(ray, whether this call started it): joins `address`, or starts a private Ray here.
+
+  A Ray started here gives its nodes the driver's compilation cache
+  (`compilation_cache_dir`; they share this machine's disk). A cluster's
+  nodes, on other machines, compile without one.
+  """
   try:
     import ray  # pylint: disable=import-outside-toplevel
   except ImportError:
@@ -43,6 +50,7 @@ def start_ray(address: str):
              runtime_env=runtime_env)
     return ray, False
   os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # A private Ray on this machine.
+  runtime_env["env_vars"].update(xla_setup.compilation_cache_env(compilation_cache_dir))
   # address="local": a new instance even when another process's Ray runs here
   # (ray.init() with no address would connect to that one).
   ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,

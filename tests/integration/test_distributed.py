@@ -168,18 +168,23 @@ def test_the_distributed_cartpole_preset_learns(tmp_path):
 
 
 def test_the_newer_variants_run_as_distributed_programs(tmp_path):
-  """QR-DQN with noisy nets, Munchausen with LayerNorm, and IQN run on the Ray nodes."""
+  """QR-DQN with noisy nets, and M-IQN (Munchausen + IQN) with LayerNorm, run on the Ray nodes;
+  the nodes of a Ray started by the run compile into the run's compilation cache."""
   variants = {"qr_noisy": ("--quantile", "--num_quantiles=8", "--double_q", "--dueling",
                            "--noisy", "--noisy_torso", "--noapex_epsilons"),  # Noise explores.
-              "munchausen": ("--munchausen", "--layer_norm"),
-              "iqn": ("--iqn", "--iqn_num_taus=8", "--iqn_num_target_taus=8",
-                      "--iqn_num_policy_taus=4", "--iqn_num_cosines=8", "--double_q")}
+              "miqn": ("--iqn", "--iqn_num_taus=8", "--iqn_num_target_taus=8",
+                       "--iqn_num_policy_taus=4", "--iqn_num_cosines=8", "--munchausen",
+                       "--layer_norm")}
+  cache = tmp_path / "xla"
   for name, flags in variants.items():
     logdir = tmp_path / name
     result = subprocess.run(_cmd(f"--logdir={logdir}", "--total_steps=600", "--quiet",
-                                 *flags), cwd=ROOT, capture_output=True, text=True,
-                            timeout=300)
+                                 f"--compilation_cache_dir={cache}", *flags), cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+    # The replay node's sampler and the learner's SGD step: only nodes compile these.
+    for program in ("jit_sample_batches-", "jit_batches_step-"):
+      assert any(f.startswith(program) for f in os.listdir(cache)), sorted(os.listdir(cache))
     summary = json.loads((logdir / "summary.json").read_text())
     assert summary["learner_steps"] > 0 and np.isfinite(summary["eval_return_mean"])
     for field in ("quantile", "noisy", "munchausen", "iqn"):
