@@ -33,6 +33,7 @@ import numpy as np
 
 from acme_jax_dqn import checkpointing
 from acme_jax_dqn import envs
+from acme_jax_dqn import seeding
 from acme_jax_dqn import xla_setup
 from agents.dqn import seed_layout
 from agents.dqn.anakin import AnakinPlan
@@ -69,7 +70,10 @@ def ours_program(experiment, config):
   num_seeds = experiment.num_seeds
   # run_dqn's rule: an RngBitGenerator PRNG keeps the vmapped program even for one seed.
   batched = num_seeds > 1 or experiment.prng_impl in seed_layout.RBG_IMPLS
-  keys = np.stack([np.asarray(jax.random.PRNGKey(experiment.seed + i)) for i in range(num_seeds)])
+  seeds = [experiment.seed + i for i in range(num_seeds)]
+  keys = np.stack([np.asarray(jax.random.PRNGKey(s)) for s in seeds])
+  eval_keys = np.stack([np.asarray(seeding.derive_key(s, seeding.Stream.EVAL_KEYS))
+                        for s in seeds])
   init = jax.jit(seed_layout.over_seeds(trainer.init, batched))
   chunk = jax.jit(seed_layout.over_seeds(
       functools.partial(trainer.train_chunk, num_iterations=plan.iterations_per_chunk),
@@ -83,7 +87,8 @@ def ours_program(experiment, config):
   init_c = init.lower(keys).compile()
   state_shape = jax.eval_shape(init, keys)
   chunk_c = chunk.lower(state_shape, np.int32(0)).compile()
-  eval_c = evaluate.lower(state_shape.learner.online_params, keys, np.int32(0)).compile()
+  eval_c = evaluate.lower(state_shape.learner.online_params, eval_keys,
+                          np.int32(0)).compile()
   compile_s = time.perf_counter() - start
 
   def run():
@@ -91,7 +96,7 @@ def ours_program(experiment, config):
     for c in range(plan.num_chunks):
       state, metrics = chunk_c(state, np.int32(c * plan.iterations_per_chunk))
       jax.device_get(metrics)
-    np.asarray(eval_c(state.learner.online_params, keys, np.int32(0)))
+    np.asarray(eval_c(state.learner.online_params, eval_keys, np.int32(0)))
     return state.learner.online_params
 
   return compile_s, run, plan
