@@ -1,10 +1,13 @@
-"""run_experiment: batched envs count real steps and log on cadence; CPU dispatch is set in time."""
+"""run_experiment: batched envs count real steps and log on cadence; CPU dispatch is set in time;
+the compilation cache reaches processes the run starts."""
 
 import csv
 import json
+import os
 import subprocess
 import sys
 
+from acme_jax_dqn import xla_setup
 from agents.dqn import DQNConfig
 from agents.dqn.experiment import ExperimentConfig, run_experiment
 from tests.fakes import ROOT
@@ -77,3 +80,17 @@ def test_local_run_uses_its_prng_and_a_resume_with_another_names_the_flag(tmp_pa
     run_experiment(make("threefry2x32", True), config)
   # With its own PRNG the same checkpoint resumes (its budget is spent: nothing to add).
   assert run_experiment(make("unsafe_rbg", True), config)["env_steps"] == 400
+
+
+def test_the_cache_variables_are_the_settings_jax_reads_in_a_fresh_process(tmp_path):
+  """A Ray node of a distributed run gets the cache as environment variables: JAX must read
+  each of them at import as the setting `enable_compilation_cache` makes."""
+  path = str(tmp_path / "xla")
+  script = ("import json, jax; c = jax.config; print(json.dumps([c.jax_compilation_cache_dir, "
+            "c.jax_persistent_cache_min_compile_time_secs, "
+            "c.jax_persistent_cache_min_entry_size_bytes]))")
+  result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, check=True,
+                          env={**os.environ, **xla_setup.compilation_cache_env(path)})
+  assert json.loads(result.stdout.strip().splitlines()[-1]) == [path, 0.2, 0]
+  assert os.path.isdir(path) and xla_setup.compilation_cache_env("") == {}
