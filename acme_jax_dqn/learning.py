@@ -12,6 +12,7 @@ import optax
 from acme_jax_dqn import acme_interop
 from acme_jax_dqn import replay as replay_lib
 from acme_jax_dqn import trees
+from acme_jax_dqn.choices import LR_SCHEDULES
 from acme_jax_dqn.networks import Networks
 from acme_jax_dqn.types import Params, TrainingState
 
@@ -20,8 +21,6 @@ SGDStepFn = Callable[[TrainingState, replay_lib.ReplaySample],
                      Tuple[TrainingState, Metrics]]
 LearnerStepFn = Callable[[TrainingState, replay_lib.BufferState],
                          Tuple[TrainingState, replay_lib.BufferState, Metrics]]
-
-LR_SCHEDULES = ("constant", "linear", "cosine")
 
 
 def make_learning_rate(learning_rate: float, schedule: str = "constant",

@@ -9,11 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from acme_jax_dqn import specs as specs_lib
+from acme_jax_dqn.choices import TORSOS
 from acme_jax_dqn.heads import (CategoricalHead, Dense, DuelingHead, ImplicitQuantileHead,
                                 NetworkOutput, QHead, QuantileHead)
 from acme_jax_dqn.types import Params
 
-TORSOS = ("auto", "mlp", "nature_conv", "minatar_conv")
 # Images smaller than this get the small MinAtar torso under `torso`=auto.
 MIN_NATURE_CONV_SIZE = 36
 

@@ -6,10 +6,17 @@ import sys
 from absl import app
 from absl import logging
 
+from agents.dqn.config import ConfigError
 from launch import flags as launch_flags
 from launch.cli import error_line, flag_terms
 
 launch_flags.define_flags()
+
+
+def _bad_input(error) -> int:
+  """Bad input: one line saying what and how to fix it, exit code 2."""
+  print(f"error: {error_line(error)}", file=sys.stderr)
+  return 2
 
 
 def main(argv):
@@ -17,19 +24,20 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments {argv[1:]}: every option is a --flag.")
   if not launch_flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO.
+  try:  # Before JAX is imported: a bad value costs a fraction of a second.
+    config = launch_flags.config_from_flags()
+    experiment = launch_flags.experiment_from_flags()
+  except ConfigError as error:
+    return _bad_input(error)
   from acme_jax_dqn import loggers
   from acme_jax_dqn.checkpointing import CheckpointError
   from agents.dqn.checkpoints import RunError, RunInterrupted
-  from agents.dqn.config import ConfigError
   from agents.dqn.experiment import run_experiment
   loggers.set_message_terms(flag_terms)  # Warnings name flags, as errors do.
   try:
-    config = launch_flags.config_from_flags()
-    experiment = launch_flags.experiment_from_flags()
     summary = run_experiment(experiment, config)
-  except (ConfigError, CheckpointError) as error:  # Bad input: what and how to fix it.
-    print(f"error: {error_line(error)}", file=sys.stderr)
-    return 2
+  except (ConfigError, CheckpointError) as error:
+    return _bad_input(error)
   except RunError as error:  # The run went wrong (a NaN, a crashed node): what and where.
     print(f"error: {flag_terms(error)}", file=sys.stderr)
     return 3

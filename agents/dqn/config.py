@@ -4,8 +4,7 @@ import dataclasses
 import math
 from typing import Tuple
 
-from acme_jax_dqn.learning import LR_SCHEDULES
-from acme_jax_dqn.networks import TORSOS
+from acme_jax_dqn.choices import LR_SCHEDULES, TORSOS
 
 
 @dataclasses.dataclass(frozen=True)

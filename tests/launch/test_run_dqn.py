@@ -399,3 +399,22 @@ def test_a_new_anakin_run_into_a_used_logdir_exits_2_and_keeps_it(saved_run, tmp
       result.stderr)
   assert {p.name: p.read_bytes() for p in logdir.iterdir() if p.is_file()} == before
   assert os.listdir(logdir / "checkpoints") == ["400"]
+
+
+_BAD_VALUE_WITHOUT_JAX = """
+import runpy, sys
+sys.argv = ["run_dqn", "--num_envs=0", "--logdir=" + sys.argv[1]]
+try:
+  runpy.run_module("launch.run_dqn", run_name="__main__")
+except SystemExit as stop:
+  print(stop.code, "jax" in sys.modules)
+"""
+
+
+def test_a_bad_value_is_refused_before_jax_is_imported(tmp_path):
+  """Flag parsing and the configs' checks import no JAX: a bad value costs no JAX start-up."""
+  result = subprocess.run([sys.executable, "-c", _BAD_VALUE_WITHOUT_JAX, str(tmp_path / "run")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert result.stdout.split() == ["2", "False"], (result.stdout, result.stderr[-2000:])
+  assert "--num_envs=0: must be an integer of at least 1." in result.stderr
+  assert not (tmp_path / "run").exists()
