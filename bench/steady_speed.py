@@ -1,6 +1,7 @@
 """Ours and PureJaxRL's dqn.py, both compiled once in one process, then run again and again.
 
-  python -m bench.steady_speed --purejaxrl_dir=/path/to/purejaxrl --repeats=5
+  python -m bench.steady_speed --purejaxrl_dir=/path/to/purejaxrl \
+      --flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg --repeats=6
 
 bench/gpu_speed.py runs each program once per process, so each figure
 carries one cold process's luck (on a 2-core machine the same run's time
@@ -10,9 +11,9 @@ compiled once, side by side in one process, then called alternately
 pair gives a ratio (env steps/s, ours over theirs); the table prints every
 pair and the median.
 
-A call of ours is what `launch.run_dqn` does after compiling, from
-`--flagfile` (default: launch/configs/cartpole_anakin_purejaxrl.cfg, the
-peer's settings): init, every training chunk of the run with its metrics
+A call of ours is what `launch.run_dqn` does after compiling with the
+same run flags (cartpole_anakin_purejaxrl.cfg has the peer's settings):
+init, every training chunk of the run with its metrics
 copied to the host, then one greedy evaluation, over `--num_seeds` seeds
 vmapped on one device (run_dqn's layout on a GPU; on the CPU run_dqn
 splits seeds over CPU devices, so keep `--num_seeds=1` there). Logging
@@ -36,7 +37,7 @@ from acme_jax_dqn import envs
 from acme_jax_dqn import seeding
 from acme_jax_dqn import xla_setup
 from agents.dqn import seed_layout
-from agents.dqn.anakin import AnakinPlan
+from agents.dqn.anakin import AnakinPlan, indexed_evaluation
 from agents.dqn.builder import DQNBuilder
 from launch import flags as launch_flags
 
@@ -79,10 +80,8 @@ def ours_program(experiment, config):
       functools.partial(trainer.train_chunk, num_iterations=plan.iterations_per_chunk),
       batched, in_axes=(0, None)), donate_argnums=0)
 
-  def evaluate(params, key, eval_index):
-    return trainer.evaluate(params, jax.random.fold_in(key, eval_index))
-
-  evaluate = jax.jit(seed_layout.over_seeds(evaluate, batched, in_axes=(0, 0, None)))
+  evaluate = jax.jit(seed_layout.over_seeds(indexed_evaluation(trainer), batched,
+                                            in_axes=(0, 0, None)))
   start = time.perf_counter()
   init_c = init.lower(keys).compile()
   state_shape = jax.eval_shape(init, keys)
@@ -123,7 +122,6 @@ def main(argv):
   if experiment.run_mode != "anakin":
     raise SystemExit(f"--run_mode={experiment.run_mode}: this bench times anakin mode; pass "
                      f"an anakin flagfile, e.g. --flagfile={DEFAULT_CFG}.")
-  xla_setup.enable_compilation_cache("")
   if experiment.one_cpu_core:
     xla_setup.run_xla_on_one_cpu_core()
   num_seeds = experiment.num_seeds
@@ -151,7 +149,8 @@ def main(argv):
   table.close(
       FLAGS.out or f"bench/results/purejaxrl_steady_{jax.default_backend()}.md",
       f"compared: ours (the run flags of the command, {num_seeds} seed(s), {ours_steps:,} env "
-      f"steps per seed: init, {plan.num_chunks} chunk(s) of {plan.iterations_per_chunk:,} iterations, one evaluation) and PureJaxRL's "
+      f"steps per seed: init, {plan.num_chunks} chunk(s) of {plan.iterations_per_chunk:,} "
+      "iterations, one evaluation) and PureJaxRL's "
       f"purejaxrl/dqn.py (main() config, {theirs_steps:,} env steps per seed), each compiled "
       f"once in this process (ours {ours_compile:.1f} s, PureJaxRL {theirs_compile:.1f} s), "
       f"then run alternately, a warm-up pair first and not shown. Median over {len(ratios)} "

@@ -1,4 +1,5 @@
-"""The bench scripts: PureJaxRL read from a checkout (never vendored), and what the steady bench times."""
+"""The bench scripts: PureJaxRL read from a checkout (never vendored); what the steady bench
+times."""
 
 import json
 import os

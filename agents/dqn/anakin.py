@@ -113,6 +113,19 @@ def _compile_in_background(lowered) -> concurrent.futures.Future:
   return future
 
 
+def indexed_evaluation(trainer: anakin_lib.Anakin):
+  """`evaluate(params, key, eval_index)`: evaluation i with i folded into the seed's key.
+
+  The fold is inside the program: folded on the host, fold_in compiled a
+  program of its own at the first evaluation (0.3 s after compile_s;
+  cartpole_anakin_purejaxrl.cfg trains for about 3.4 s).
+  """
+  def evaluate(params, key, eval_index):
+    return trainer.evaluate(params, jax.random.fold_in(key, eval_index))
+
+  return evaluate
+
+
 def _mean(values) -> float:
   return float(np.mean(np.asarray(values, np.float64)))
 
@@ -189,16 +202,10 @@ class AnakinSource(Source):
     # evaluation's compile, which would otherwise take the cores from the first
     # chunk; an accelerator trains while the host compiles it.
     init_future = _compile_in_background(init.lower(train_keys))
-    # Evaluation i folds i into each seed's key inside the program. Folded on
-    # the host, fold_in compiled a program of its own at the first evaluation
-    # (0.3 s after compile_s; cartpole_anakin_purejaxrl.cfg trains for about 3.4 s).
-    def evaluate(params, key, eval_index):
-      return trainer.evaluate(params, jax.random.fold_in(key, eval_index))
-
     self._evaluate = _compile_in_background(
         jax.jit(seed_layout.per_device(
-            seed_layout.over_seeds(evaluate, batched, in_axes=(0, 0, None)), mesh,
-            (P("seeds"), P("seeds"), P()))).lower(
+            seed_layout.over_seeds(indexed_evaluation(trainer), batched, in_axes=(0, 0, None)),
+            mesh, (P("seeds"), P("seeds"), P()))).lower(
             state_shape.learner.online_params, self._eval_keys, np.int32(0)))
     self._train_chunk = jax.jit(chunk_fn, donate_argnums=0).lower(
         state_shape, np.int32(0)).compile()
