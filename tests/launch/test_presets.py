@@ -23,7 +23,8 @@ for path in sys.argv[1:]:
     config = launch_flags.config_from_flags(argv)
     experiment = launch_flags.experiment_from_flags()
     DQNBuilder(config).make_loss()
-    out[path] = [experiment.env, experiment.run_mode, config.num_envs]
+    out[path] = [experiment.env, experiment.run_mode, config.num_envs, config.noisy,
+                 config.epsilon_start, config.epsilon_end, config.v_min, config.v_max]
   except Exception as error:  # pylint: disable=broad-except
     out[path] = f"{type(error).__name__}: {error}"
 print(json.dumps(out))
@@ -44,5 +45,11 @@ def test_every_preset_parses_into_valid_configs():
   modes = {os.path.basename(p): v[1] for p, v in parsed.items()}
   assert modes["minatar_full_rainbow.cfg"] == modes["minatar_iqn.cfg"] == "anakin"
   assert modes["minatar_full_rainbow_lr_decay.cfg"] == "anakin"
+  # Full Rainbow with epsilon keeps its base's noise and overrides the noise's
+  # zero epsilons and the C51 support.
+  assert parsed[os.path.join(CONFIGS, "minatar_full_rainbow.cfg")][3:] == [
+      True, 0.0, 0.0, -10.0, 100.0]
+  assert parsed[os.path.join(CONFIGS, "minatar_full_rainbow_eps.cfg")][1:] == [
+      "anakin", 8, True, 1.0, 0.01, 0.0, 20.0]
   # The 1M-step PQN preset overrides minatar_pqn.cfg's copies; the rest is read through.
-  assert parsed[os.path.join(CONFIGS, "minatar_pqn_1m.cfg")][1:] == ["anakin", 32]
+  assert parsed[os.path.join(CONFIGS, "minatar_pqn_1m.cfg")][1:3] == ["anakin", 32]
