@@ -158,16 +158,15 @@ def test_noisy_linear_noise_is_factorised_with_the_papers_statistics():
   unit = {"noisy": {"mu_w": np.zeros((4, 3), np.float32), "mu_b": np.zeros(3, np.float32),
                     "sigma_w": np.ones((4, 3), np.float32), "sigma_b": np.ones(3, np.float32)}}
   eye = np.eye(4, dtype=np.float32)
-  samples = []
-  for seed in range(3000):
-    key = jax.random.PRNGKey(seed)
-    bias = np.asarray(layer.apply(unit, key, np.zeros((1, 4), np.float32), True))[0]
-    weights = np.asarray(layer.apply(unit, key, eye, True)) - bias  # Row i: w[i, :].
-    if seed == 0:  # Rank one, and its column factor is the bias noise.
-      ratio = weights / bias[None, :]
-      np.testing.assert_allclose(ratio, np.repeat(ratio[:, :1], 3, axis=1), rtol=1e-4)
-    samples.append(weights.ravel())
-  samples = np.asarray(samples)
+  keys = jax.vmap(jax.random.PRNGKey)(np.arange(3000))
+  # One compiled program over 3,000 keys; a zero input gives the bias noise alone.
+  noise = jax.jit(jax.vmap(lambda k: (layer.apply(unit, k, np.zeros((1, 4), np.float32), True)[0],
+                                      layer.apply(unit, k, eye, True))))
+  bias, outputs = map(np.asarray, noise(keys))
+  weights = outputs - bias[:, None]  # Row i of sample n: w[i, :].
+  ratio = weights[0] / bias[0][None, :]  # Rank one, and its column factor is the bias noise.
+  np.testing.assert_allclose(ratio, np.repeat(ratio[:, :1], 3, axis=1), rtol=1e-4)
+  samples = weights.reshape(3000, -1)
   # E f(e) = 0 and E f(e)^2 = E|e| = sqrt(2 / pi), so each weight's noise has variance 2 / pi.
   assert np.all(np.abs(samples.mean(0)) < 0.06)
   np.testing.assert_allclose(samples.var(0), 2 / np.pi, rtol=0.1)

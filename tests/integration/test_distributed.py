@@ -1,4 +1,5 @@
-"""Distributed mode on Ray: the rate limiter, a killed actor, a two-node cluster, bad input."""
+"""Distributed mode on Ray: the rate limiter, killed nodes, resume, a two-node cluster, the newer
+variants, bad input."""
 
 import csv
 import json
@@ -102,15 +103,37 @@ def test_replay_too_small_through_the_cli(tmp_path):
   assert result.returncode == 2 and "too small for the rate limiter" in result.stderr
 
 
+# Variants beyond plain DQN ride on the fault tests below, which start their own programs anyway.
+QR_NOISY = ("--quantile", "--num_quantiles=8", "--double_q", "--dueling", "--noisy",
+            "--noisy_torso", "--noapex_epsilons")  # Noise explores.
+MIQN = ("--iqn", "--iqn_num_taus=8", "--iqn_num_target_taus=8", "--iqn_num_policy_taus=4",
+        "--iqn_num_cosines=8", "--munchausen", "--layer_norm")
+
+
+def _assert_the_variant_ran(summary, flags):
+  for field in ("quantile", "noisy", "munchausen", "iqn", "layer_norm"):
+    assert summary["config"][field] == (f"--{field}" in flags), field
+
+
 def test_a_killed_learner_restarts_from_its_last_checkpoint_and_the_run_completes(tmp_path):
-  logdir = tmp_path / "run"
+  """QR-DQN with noisy nets (torso and head), double and dueling; the nodes of a Ray started by
+  the run compile into the run's compilation cache."""
+  logdir, cache = tmp_path / "run", tmp_path / "xla"
   process, stdout, stderr = _kill_node_mid_run(logdir, 5000, lambda n: n["learner"], 300,
-                                               "--checkpoint_every=1000")
+                                               "--checkpoint_every=1000",
+                                               f"--compilation_cache_dir={cache}", *QR_NOISY)
   assert process.returncode == 0, (stdout[-2000:], stderr[-3000:])
   summary = json.loads((logdir / "summary.json").read_text())
   assert summary["learner_restarts"] >= 1 and summary["completed"]
   assert summary["env_steps"] >= 5000 and summary["env_steps"] == sum(summary["actor_steps"])
   assert summary["learner_steps"] > 0 and np.isfinite(summary["eval_return_mean"])
+  _assert_the_variant_ran(summary, QR_NOISY)
+  # The replay node's sampler and the learner's SGD step: only nodes compile these.
+  for program in ("jit_sample_batches-", "jit_batches_step-"):
+    assert any(f.startswith(program) for f in os.listdir(cache)), sorted(os.listdir(cache))
+  with open(logdir / "train.csv", newline="") as f:
+    rows = list(csv.DictReader(f))
+  assert rows and np.isfinite(float(rows[-1]["loss"]))
 
 
 def test_a_killed_replay_node_ends_the_run_with_a_clear_error(tmp_path):
@@ -123,11 +146,12 @@ def test_a_killed_replay_node_ends_the_run_with_a_clear_error(tmp_path):
 
 def test_sigkill_after_a_checkpoint_then_resume_counts_every_step_once(tmp_path):
   """The driver dies (SIGKILL) right after its checkpoint at 1,500 steps; --resume goes on from
-  the saved replay, learner and counts to the budget, and the counts add up exactly."""
+  the saved replay, learner and counts to the budget, and the counts add up exactly. The run is
+  M-IQN (Munchausen + IQN) with LayerNorm."""
   from agents.dqn.checkpoints import SIGKILL_AT_STEP_VAR  # pylint: disable=import-outside-toplevel
   logdir = tmp_path / "run"
   args = (f"--logdir={logdir}", "--total_steps=3000", "--checkpoint_every=1500",
-          "--log_every=500", "--eval_every=0")
+          "--log_every=500", "--eval_every=0", *MIQN)
   # Output to files: Ray's agents outlive a SIGKILLed driver for a while and would hold pipes.
   with open(tmp_path / "killed.err", "w") as err:
     killed = subprocess.run(_cmd(*args), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
@@ -143,6 +167,7 @@ def test_sigkill_after_a_checkpoint_then_resume_counts_every_step_once(tmp_path)
   assert 1500 <= saved < 3000
   assert summary["env_steps"] >= 3000 and summary["env_steps"] == sum(summary["actor_steps"])
   assert summary["env_steps_this_start"] == summary["env_steps"] - saved
+  _assert_the_variant_ran(summary, MIQN)
   with open(logdir / "train.csv") as f:
     rows = list(csv.DictReader(f))
   steps = [int(r["env_steps"]) for r in rows]
@@ -150,6 +175,7 @@ def test_sigkill_after_a_checkpoint_then_resume_counts_every_step_once(tmp_path)
   before = [int(r["learner_steps"]) for r in rows if int(r["env_steps"]) <= saved]
   after = [int(r["learner_steps"]) for r in rows if int(r["env_steps"]) > saved]
   assert before and after and after[0] >= before[-1] > 0  # Continued, not from 0.
+  assert np.isfinite(float(rows[-1]["loss"]))
 
 
 def test_the_distributed_cartpole_preset_learns(tmp_path):
@@ -165,30 +191,3 @@ def test_the_distributed_cartpole_preset_learns(tmp_path):
   summary = json.loads((logdir / "summary.json").read_text())
   assert summary["env_steps"] >= 12000 and summary["learner_steps"] > 5000
   assert summary["eval_return_mean"] > 5 * 22.0, summary["eval_return_mean"]  # Random: ~22.
-
-
-def test_the_newer_variants_run_as_distributed_programs(tmp_path):
-  """QR-DQN with noisy nets, and M-IQN (Munchausen + IQN) with LayerNorm, run on the Ray nodes;
-  the nodes of a Ray started by the run compile into the run's compilation cache."""
-  variants = {"qr_noisy": ("--quantile", "--num_quantiles=8", "--double_q", "--dueling",
-                           "--noisy", "--noisy_torso", "--noapex_epsilons"),  # Noise explores.
-              "miqn": ("--iqn", "--iqn_num_taus=8", "--iqn_num_target_taus=8",
-                       "--iqn_num_policy_taus=4", "--iqn_num_cosines=8", "--munchausen",
-                       "--layer_norm")}
-  cache = tmp_path / "xla"
-  for name, flags in variants.items():
-    logdir = tmp_path / name
-    result = subprocess.run(_cmd(f"--logdir={logdir}", "--total_steps=600", "--quiet",
-                                 f"--compilation_cache_dir={cache}", *flags), cwd=ROOT,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    # The replay node's sampler and the learner's SGD step: only nodes compile these.
-    for program in ("jit_sample_batches-", "jit_batches_step-"):
-      assert any(f.startswith(program) for f in os.listdir(cache)), sorted(os.listdir(cache))
-    summary = json.loads((logdir / "summary.json").read_text())
-    assert summary["learner_steps"] > 0 and np.isfinite(summary["eval_return_mean"])
-    for field in ("quantile", "noisy", "munchausen", "iqn"):
-      assert summary["config"][field] == (f"--{field}" in flags)
-    with open(logdir / "train.csv", newline="") as f:
-      rows = list(csv.DictReader(f))
-    assert rows and np.isfinite(float(rows[-1]["loss"]))
