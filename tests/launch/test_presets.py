@@ -51,5 +51,10 @@ def test_every_preset_parses_into_valid_configs():
       True, 0.0, 0.0, -10.0, 100.0]
   assert parsed[os.path.join(CONFIGS, "minatar_full_rainbow_eps.cfg")][1:] == [
       "anakin", 8, True, 1.0, 0.01, 0.0, 20.0]
+  # IQN with epsilon changes only the end of minatar_iqn.cfg's epsilon schedule.
+  iqn = parsed[os.path.join(CONFIGS, "minatar_iqn.cfg")]
+  iqn_eps = parsed[os.path.join(CONFIGS, "minatar_iqn_eps.cfg")]
+  assert iqn[5] == 0.1 and iqn_eps[5] == 0.01
+  assert iqn_eps[:5] == iqn[:5] and iqn_eps[6:] == iqn[6:]
   # The 1M-step PQN preset overrides minatar_pqn.cfg's copies; the rest is read through.
   assert parsed[os.path.join(CONFIGS, "minatar_pqn_1m.cfg")][1:3] == ["anakin", 32]
