@@ -7,6 +7,19 @@ Each game is one `python -m launch.run_dqn` process with its seeds vmapped
 (--num_seeds). Prints, and writes to --out as markdown, the greedy eval
 return per seed and the mean against gymnax's published PPO returns, the
 anchor this kit's presets are measured against.
+
+A long run can be split over several sittings. Save a checkpoint every
+evaluation, and keep two (a checkpoint holds the seeds' replay):
+
+  python bench/minatar.py --preset=minatar_iqn_eps --games=Freeway \
+      --total_steps=1000000 --logdir=runs/iqn_eps --out=runs/iqn_eps_fw.md \
+      --run_flags=--save_checkpoints,--checkpoint_every=100000,--keep_checkpoints=2
+
+Stop it (SIGKILL right after a checkpoint loses nothing; SIGTERM waits for
+the next chunk's end), then give the same command with `,--resume` added to
+--run_flags: each game goes on from its latest checkpoint, and its log rows
+after that checkpoint are dropped. The wall-time column then counts from the
+resumed start, so add the earlier sittings' wall time to it.
 """
 
 import os
