@@ -39,7 +39,7 @@ setuptools.setup(
         "atari": ATARI,
         "envpool": ENVPOOL,
         "minatar": MINATAR,
-        "test": ["pytest>=8", "pytest-xdist>=3", "ray[rllib]>=2.60,<2.61", *ATARI, *ENVPOOL, *MINATAR,
+        "test": ["pytest>=8", "pytest-xdist>=3.2", "ray[rllib]>=2.60,<2.61", *ATARI, *ENVPOOL, *MINATAR,
                  "tensorboard>=2.14"],  # Its event reader checks what tensorboardX wrote.
     },
 )
