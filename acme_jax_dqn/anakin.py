@@ -94,12 +94,17 @@ class Anakin(NamedTuple):
   Attributes:
     init: key -> AnakinState (params, empty replay, reset environments,
       and `fill_steps` env steps that fill the n-step window).
-    train_chunk: (state, first_iteration, num_iterations) -> (state, metrics);
-      each iteration is `env_steps_per_iteration` env steps, then, once
-      replay holds `min_replay_size` transitions, `learner_calls_per_iteration`
-      learner steps. `first_iteration` counts the iterations run before (an
-      int32, not vmapped over seeds); `num_iterations` is static (one
-      compilation per value).
+    train_chunk: (state, first_iteration, num_iterations, warmup=None) ->
+      (state, metrics); each iteration is `env_steps_per_iteration` env
+      steps, then, once replay holds `min_replay_size` transitions,
+      `learner_calls_per_iteration` learner steps. `first_iteration` counts
+      the iterations run before (an int32, not vmapped over seeds);
+      `num_iterations` is static (one compilation per value). With `warmup`
+      None a conditional on the iteration index decides, every iteration,
+      whether it learns; with `warmup` = `chunk_warmup(anakin,
+      first_iteration, num_iterations)` (static) the chunk runs its warm-up
+      iterations as one loop and the rest as another, with no conditional.
+      Both train the same parameters.
     evaluate: (params, key) -> returns [eval_episodes] of the greedy policy.
     learn: state -> (state, metrics); the learner calls of one iteration.
     learner_step: the kit's `learner_step(state, buffer)`, shared with the local Learner.
@@ -112,6 +117,7 @@ class Anakin(NamedTuple):
   fill_steps: int
   env_steps_per_iteration: int
   learner_calls_per_iteration: int
+  warmup_iterations: int = 0  # Iterations before the first that learns.
 
 
 def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTransformation,
@@ -196,12 +202,14 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
 
   inserts_per_iteration = env_steps_per_iteration * E
 
-  def iteration(state: AnakinState, index: chex.Array):
+  def act_iteration(state: AnakinState, _):
     if env_steps_per_iteration == 1:
-      state, stats = step_and_store(state, None)
-    else:
-      state, stats = jax.lax.scan(step_and_store, state, None, length=env_steps_per_iteration)
-      stats = jax.tree.map(jnp.sum, stats)
+      return step_and_store(state, None)
+    state, stats = jax.lax.scan(step_and_store, state, None, length=env_steps_per_iteration)
+    return state, jax.tree.map(jnp.sum, stats)
+
+  def iteration(state: AnakinState, index: chex.Array):
+    state, stats = act_iteration(state, None)
     # Learning starts once replay holds `min_replay_size` transitions. The
     # test reads the iteration index, which is the same for every seed: a
     # predicate batched by vmap would turn the cond into a select that
@@ -210,16 +218,40 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
     state, metrics = jax.lax.cond(learning_now, learn, skip_learning, state)
     return state, (stats, metrics, learning_now.astype(jnp.float32))
 
-  def train_chunk(state: AnakinState, first_iteration: chex.Array, num_iterations: int):
-    indices = first_iteration + jnp.arange(num_iterations, dtype=jnp.int32)
-    state, (stats, metrics, learned) = jax.lax.scan(iteration, state, indices)
+  def learn_iteration(state: AnakinState, _):
+    state, stats = act_iteration(state, None)
+    state, metrics = learn(state)
+    return state, (stats, metrics)
+
+  def train_chunk(state: AnakinState, first_iteration: chex.Array, num_iterations: int,
+                  warmup: Optional[int] = None):
+    if warmup is None:
+      indices = first_iteration + jnp.arange(num_iterations, dtype=jnp.int32)
+      state, (stats, metrics, learned) = jax.lax.scan(iteration, state, indices)
+      return state, chunk_metrics(state, stats, metrics, learned, epsilon_fn)
+    parts = []  # (stats, metrics, learned) of each loop, leaves [iterations, ...].
+    if warmup:
+      state, stats = jax.lax.scan(act_iteration, state, None, length=warmup)
+      zeros = jax.tree.map(lambda m: jnp.zeros((warmup,) + m.shape, m.dtype), metric_shapes)
+      parts.append((stats, zeros, jnp.zeros((warmup,), jnp.float32)))
+    if num_iterations > warmup:
+      learning = num_iterations - warmup
+      state, (stats, metrics) = jax.lax.scan(learn_iteration, state, None, length=learning)
+      parts.append((stats, metrics, jnp.ones((learning,), jnp.float32)))
+    stats, metrics, learned = jax.tree.map(lambda *x: jnp.concatenate(x), *parts)
     return state, chunk_metrics(state, stats, metrics, learned, epsilon_fn)
 
   return Anakin(init=init, train_chunk=train_chunk,
                 evaluate=make_evaluate(env, eval_policy, eval_episodes, eval_epsilon), learn=learn,
                 learner_step=learner_step, fill_steps=fill_steps,
                 env_steps_per_iteration=env_steps_per_iteration,
-                learner_calls_per_iteration=learner_calls_per_iteration)
+                learner_calls_per_iteration=learner_calls_per_iteration,
+                warmup_iterations=max(0, -(-min_replay_size // inserts_per_iteration) - 1))
+
+
+def chunk_warmup(anakin: Anakin, first_iteration: int, num_iterations: int) -> int:
+  """How many of a chunk's iterations come before learning starts (its static `warmup`)."""
+  return min(num_iterations, max(0, anakin.warmup_iterations - first_iteration))
 
 
 def step_copies(env: GymnaxEnv, policy: PolicyFn, epsilon_fn, state, reward_clip: float = 0.0):

@@ -78,8 +78,9 @@ def make_pqn_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.Gradien
     state, metrics = learn(state, rollout)
     return state, (jax.tree.map(jnp.sum, stats), metrics)
 
-  def train_chunk(state: PQNState, first_iteration: chex.Array, num_iterations: int):
-    del first_iteration  # Every iteration learns.
+  def train_chunk(state: PQNState, first_iteration: chex.Array, num_iterations: int,
+                  warmup: Optional[int] = None):
+    del first_iteration, warmup  # Every iteration learns.
     state, (stats, metrics) = jax.lax.scan(iteration, state, None, length=num_iterations)
     learned = jnp.ones((num_iterations,), jnp.float32)
     return state, anakin.chunk_metrics(state, stats, metrics, learned, epsilon_fn)

@@ -26,6 +26,34 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 Summary = Dict[str, Any]
 
 
+def bad_input(line: str) -> None:
+  """Stops a bench before it runs anything: `line` (the flag and its fix) on stderr, exit code 2."""
+  print(line, file=sys.stderr)
+  raise SystemExit(2)
+
+
+ANAKIN_CFG = "launch/configs/cartpole_anakin_purejaxrl.cfg"
+
+
+def anakin_run_flags(repeats: int):
+  """(DQNConfig, ExperimentConfig) of the command's run flags, for benches that time anakin mode
+  in one process; exits with a line naming the flag when `repeats` or `--run_mode` cannot be
+  timed. Under `--one_cpu_core` it creates XLA's CPU client on one thread, as run_dqn does."""
+  # pylint: disable=import-outside-toplevel
+  from acme_jax_dqn import xla_setup
+  from launch import flags as launch_flags
+  if repeats < 1:
+    bad_input(f"--repeats={repeats}: at least 1 timed pair is needed.")
+  config = launch_flags.config_from_flags()
+  experiment = launch_flags.experiment_from_flags()
+  if experiment.run_mode != "anakin":
+    bad_input(f"--run_mode={experiment.run_mode}: this bench times anakin mode; pass an "
+              f"anakin flagfile, e.g. --flagfile={ANAKIN_CFG}.")
+  if experiment.one_cpu_core:
+    xla_setup.run_xla_on_one_cpu_core()
+  return config, experiment
+
+
 def run_preset(flags: Union[str, Sequence[str]], logdir: str,
                extra_flags: Sequence[str] = ()) -> Summary:
   """Runs `python -m launch.run_dqn` from the repository root; returns its summary.json.

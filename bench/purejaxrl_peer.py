@@ -15,6 +15,8 @@ from typing import Any, Callable, Dict
 
 import jax
 
+from bench import harness
+
 COMMIT = "31756b1"
 _REPLACEMENTS = (
     ("_obs, _, _reward, _done, _ = env.step(rng, _env_state, _action, env_params)",
@@ -44,15 +46,15 @@ def load(checkout: str, flag: str = "--purejaxrl_dir") -> types.ModuleType:
   """The script as a module; exits with a line naming `flag` when the checkout is not there."""
   path = os.path.join(checkout, "purejaxrl", "dqn.py")
   if not checkout or not os.path.exists(path):
-    raise SystemExit(f"{flag}={checkout!r}: no purejaxrl/dqn.py there. Clone "
-                     "https://github.com/luchris429/purejaxrl (commit "
-                     f"{COMMIT}) and point {flag} at the clone.")
+    harness.bad_input(f"{flag}={checkout!r}: no purejaxrl/dqn.py there. Clone "
+                      "https://github.com/luchris429/purejaxrl (commit "
+                      f"{COMMIT}) and point {flag} at the clone.")
   with open(path) as f:
     source = f.read()
   for old, new in _REPLACEMENTS:
     if old not in source:
-      raise SystemExit(f"{path}: the line `{old.strip()}` is not there; the benches read "
-                       f"PureJaxRL at commit {COMMIT}.")
+      harness.bad_input(f"{path}: the line `{old.strip()}` is not there; the benches read "
+                        f"PureJaxRL at commit {COMMIT}.")
     source = source.replace(old, new)
   sys.modules.setdefault("wandb", types.ModuleType("wandb"))
   if not hasattr(jax, "tree_map"):  # Removed in jax 0.6; the script's code path still calls it.

@@ -51,7 +51,6 @@ flags.DEFINE_integer("repeats", 5, "Timed pairs after the warm-up pair.")
 flags.DEFINE_string("out", "", "Markdown table to write (default: "
                     "bench/results/purejaxrl_steady_<backend>.md).")
 FLAGS = flags.FLAGS
-DEFAULT_CFG = "launch/configs/cartpole_anakin_purejaxrl.cfg"
 
 
 def _timed(fn):
@@ -76,24 +75,25 @@ def ours_program(experiment, config):
   eval_keys = np.stack([np.asarray(seeding.derive_key(s, seeding.Stream.EVAL_KEYS))
                         for s in seeds])
   init = jax.jit(seed_layout.over_seeds(trainer.init, batched))
-  chunk = jax.jit(seed_layout.over_seeds(
-      functools.partial(trainer.train_chunk, num_iterations=plan.iterations_per_chunk),
-      batched, in_axes=(0, None)), donate_argnums=0)
+  warmups = plan.chunk_warmups(trainer, seed_layout.warmup_loops(batched))
+  chunk = {w: jax.jit(seed_layout.over_seeds(
+      functools.partial(trainer.train_chunk, num_iterations=plan.iterations_per_chunk, warmup=w),
+      batched, in_axes=(0, None)), donate_argnums=0) for w in dict.fromkeys(warmups)}
 
   evaluate = jax.jit(seed_layout.over_seeds(indexed_evaluation(trainer), batched,
                                             in_axes=(0, 0, None)))
   start = time.perf_counter()
   init_c = init.lower(keys).compile()
   state_shape = jax.eval_shape(init, keys)
-  chunk_c = chunk.lower(state_shape, np.int32(0)).compile()
+  chunk_c = {w: fn.lower(state_shape, np.int32(0)).compile() for w, fn in chunk.items()}
   eval_c = evaluate.lower(state_shape.learner.online_params, eval_keys,
                           np.int32(0)).compile()
   compile_s = time.perf_counter() - start
 
   def run():
     state = init_c(keys)
-    for c in range(plan.num_chunks):
-      state, metrics = chunk_c(state, np.int32(c * plan.iterations_per_chunk))
+    for c, warmup in enumerate(warmups):
+      state, metrics = chunk_c[warmup](state, np.int32(c * plan.iterations_per_chunk))
       jax.device_get(metrics)
     np.asarray(eval_c(state.learner.online_params, eval_keys, np.int32(0)))
     return state.learner.online_params
@@ -115,15 +115,7 @@ def theirs_program(total_steps: int, num_seeds: int):
 def main(argv):
   del argv
   purejaxrl_peer.load(FLAGS.purejaxrl_dir)  # A missing checkout stops here, before compiling.
-  if FLAGS.repeats < 1:
-    raise SystemExit(f"--repeats={FLAGS.repeats}: at least 1 timed pair is needed.")
-  config = launch_flags.config_from_flags()
-  experiment = launch_flags.experiment_from_flags()
-  if experiment.run_mode != "anakin":
-    raise SystemExit(f"--run_mode={experiment.run_mode}: this bench times anakin mode; pass "
-                     f"an anakin flagfile, e.g. --flagfile={DEFAULT_CFG}.")
-  if experiment.one_cpu_core:
-    xla_setup.run_xla_on_one_cpu_core()
+  config, experiment = harness.anakin_run_flags(FLAGS.repeats)
   num_seeds = experiment.num_seeds
   with xla_setup.prng_impl(experiment.prng_impl):
     ours_compile, ours_run, plan = ours_program(experiment, config)

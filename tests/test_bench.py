@@ -64,17 +64,19 @@ def test_the_loader_rewrites_the_step_unpacking_for_gymnax_1(tmp_path):
     assert "_term, _trunc" not in f.read()  # The checkout itself is left as it was.
 
 
-def test_a_script_of_another_commit_is_refused_by_name(tmp_path):
+def test_a_script_of_another_commit_is_refused_by_name(tmp_path, capsys):
   checkout = _checkout(tmp_path, _STAND_IN.replace("_done, _ = env.step", "_d, _ = env.step"))
-  with pytest.raises(SystemExit, match="the benches read PureJaxRL at commit 31756b1"):
+  with pytest.raises(SystemExit) as stop:
     purejaxrl_peer.load(checkout)
+  assert stop.value.code == 2
+  assert "the benches read PureJaxRL at commit 31756b1" in capsys.readouterr().err
 
 
 def test_a_bench_run_without_the_checkout_says_what_to_clone_before_running(tmp_path):
   result = subprocess.run(
       [sys.executable, "-m", "bench.gpu_speed", "--num_seeds=1", "--minatar_seeds=",
        f"--logdir={tmp_path / 'runs'}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-  assert result.returncode != 0
+  assert result.returncode == 2
   assert ("--purejaxrl_dir='': no purejaxrl/dqn.py there. Clone "
           "https://github.com/luchris429/purejaxrl") in result.stderr + result.stdout
   assert not (tmp_path / "runs").exists()
@@ -95,11 +97,14 @@ with xla_setup.prng_impl(experiment.prng_impl):
 '''
 
 
-def test_the_steady_bench_times_the_run_that_run_dqn_makes_every_call(tmp_path):
+@pytest.mark.parametrize("seed_flags", [[], ["--num_seeds=2", "--cpu_devices=1"]])
+def test_the_steady_bench_times_the_run_that_run_dqn_makes_every_call(tmp_path, seed_flags):
   """bench/steady_speed.py calls ours again and again in one process: each call must train the
-  same parameters as `launch.run_dqn` with the same flags (here over 2 chunks)."""
+  same parameters as `launch.run_dqn` with the same flags (here over 3 chunks; with two seeds
+  on one device, whose warm-up runs as loops of its own, over two chunk programs)."""
   run_flags = ["--flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg", "--total_steps=3000",
-               "--min_replay_size=1000", "--log_every=1000", "--compilation_cache_dir="]
+               "--min_replay_size=1000", "--log_every=1000", "--compilation_cache_dir=",
+               *seed_flags]
   steady = subprocess.run([sys.executable, "-c", _STEADY_OURS, *run_flags], cwd=ROOT,
                           capture_output=True, text=True, timeout=300, check=True)
   chunks, first, second = steady.stdout.split()[-3:]
@@ -117,5 +122,31 @@ def test_the_steady_bench_without_the_checkout_says_what_to_clone():
       [sys.executable, "-m", "bench.steady_speed",
        "--flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg"],
       cwd=ROOT, capture_output=True, text=True, timeout=120)
-  assert result.returncode != 0
-  assert "--purejaxrl_dir='': no purejaxrl/dqn.py there. Clone" in result.stderr + result.stdout
+  assert result.returncode == 2
+  assert "--purejaxrl_dir='': no purejaxrl/dqn.py there. Clone" in result.stderr
+
+
+def test_the_warmup_loops_bench_finds_both_chunk_structures_train_the_same(tmp_path):
+  out = tmp_path / "warmup_loops.md"
+  subprocess.run(
+      [sys.executable, "-m", "bench.warmup_loops",
+       "--flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg", "--seed_counts=2",
+       "--total_steps=1200", "--min_replay_size=400", "--log_every=400", "--repeats=1",
+       f"--out={out}"], cwd=ROOT, check=True, capture_output=True, text=True, timeout=300)
+  rows = [line for line in out.read_text().splitlines() if line.startswith("| 2 |")]
+  assert len(rows) == 1 and rows[0].split("|")[2].strip() == "39 / 40", rows
+  assert rows[0].rstrip(" |").endswith("yes"), rows
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--repeats=0"], "--repeats=0: at least 1 timed pair is needed."),
+    (["--seed_counts=0"], "--seed_counts=0: give counts of 1 or more."),
+    (["--pqn"], "--pqn: PQN learns every iteration and has no warm-up"),
+])
+def test_bad_warmup_loops_bench_input_is_one_line_and_exit_code_2(args, expected):
+  result = subprocess.run(
+      [sys.executable, "-m", "bench.warmup_loops",
+       "--flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg", *args],
+      cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2
+  assert expected in result.stderr.strip().splitlines()[-1]

@@ -8,7 +8,11 @@ devices), compiles the init, the training chunk and the evaluation side by
 side ahead of time (that is `compile_s`; on a GPU or TPU the evaluation may
 finish compiling while training runs), then runs the chunks: each is one
 call on the device (one advance of the run loop), after which one row of
-metrics comes back for the terminal and train.csv.
+metrics comes back for the terminal and train.csv. A device with a batch of
+seeds runs each chunk's learning warm-up as a loop of its own
+(`seed_layout.warmup_loops`): the chunks before, across and after the start
+of learning are then up to three programs, the first compiled ahead and the
+others beside it (on the CPU, before training starts).
 """
 
 import concurrent.futures
@@ -54,11 +58,18 @@ class AnakinPlan:
       if every:
         period = min(period, every)
     per_chunk = max(1, period // self.steps_per_iteration)
-    # Chunks of one length (one compilation); the budget is never exceeded.
+    # Chunks of one length (one compilation, or one per warm-up length); the budget is never
+    # exceeded.
     self.num_chunks = max(1, round(iterations / per_chunk))
     self.iterations_per_chunk = iterations // self.num_chunks
     self.env_steps = (self.fill_env_steps
                       + self.num_chunks * self.iterations_per_chunk * self.steps_per_iteration)
+
+  def chunk_warmups(self, trainer: anakin_lib.Anakin, warmup_loops: bool) -> List[Optional[int]]:
+    """Each chunk's static `warmup` for `train_chunk`; all None when a conditional decides."""
+    n = self.iterations_per_chunk
+    return [anakin_lib.chunk_warmup(trainer, c * n, n) if warmup_loops else None
+            for c in range(self.num_chunks)]
 
   def as_dict(self) -> Dict[str, int]:
     """What a resumed run must share with the saved one (its compiled chunk and budget)."""
@@ -193,10 +204,16 @@ class AnakinSource(Source):
                                           P("seeds")))
     state_shape = jax.eval_shape(init, train_keys)
     seed_layout.check_memory(state_shape, mesh, num_seeds, config)
-    chunk_fn = seed_layout.per_device(
-        seed_layout.over_seeds(functools.partial(trainer.train_chunk,
-                                      num_iterations=plan.iterations_per_chunk),
-                    batched, in_axes=(0, None)), mesh, (P("seeds"), P()))
+    # A device with a batch of seeds runs the learning warm-up as loops of its own
+    # (seed_layout.warmup_loops): up to three chunk programs, one per warm-up length.
+    self._warmups = plan.chunk_warmups(trainer, seed_layout.warmup_loops(batched))
+
+    def lower_chunk(warmup):
+      chunk_fn = seed_layout.per_device(
+          seed_layout.over_seeds(functools.partial(
+              trainer.train_chunk, num_iterations=plan.iterations_per_chunk, warmup=warmup),
+              batched, in_axes=(0, None)), mesh, (P("seeds"), P()))
+      return jax.jit(chunk_fn, donate_argnums=0).lower(state_shape, np.int32(0))
     # XLA compiles a program on the thread that asks: the init and the evaluation
     # compile beside the training chunk. On the CPU training waits for the
     # evaluation's compile, which would otherwise take the cores from the first
@@ -207,11 +224,16 @@ class AnakinSource(Source):
             seed_layout.over_seeds(indexed_evaluation(trainer), batched, in_axes=(0, 0, None)),
             mesh, (P("seeds"), P("seeds"), P()))).lower(
             state_shape.learner.online_params, self._eval_keys, np.int32(0)))
-    self._train_chunk = jax.jit(chunk_fn, donate_argnums=0).lower(
-        state_shape, np.int32(0)).compile()
+    later = [w for w in dict.fromkeys(self._warmups) if w != self._warmups[0]]
+    self._chunk_programs: Dict[Optional[int], Any] = {
+        w: _compile_in_background(lower_chunk(w)) for w in later}
+    self._chunk_programs[self._warmups[0]] = lower_chunk(self._warmups[0]).compile()
     self._state = init_future.result()(train_keys)
     if jax.default_backend() == "cpu":
       self._evaluate.result()
+      for program in self._chunk_programs.values():
+        if isinstance(program, concurrent.futures.Future):
+          program.result()
     jax.block_until_ready(self._state)
     self._chunks, self._first_step = 0, 0
     self._metrics: Dict[str, Any] = {}
@@ -236,7 +258,10 @@ class AnakinSource(Source):
   def advance(self, target_steps: int, should_stop) -> None:
     del target_steps, should_stop  # One compiled chunk: its length is fixed.
     first_iteration = self._chunks * self._plan.iterations_per_chunk
-    self._state, metrics = self._train_chunk(self._state, np.int32(first_iteration))
+    program = self._chunk_programs[self._warmups[self._chunks]]
+    if isinstance(program, concurrent.futures.Future):
+      program = program.result()
+    self._state, metrics = program(self._state, np.int32(first_iteration))
     self._chunks += 1
     self._metrics = metrics = jax.device_get(metrics)  # One transfer per chunk, [num_seeds] each.
     self.env_steps = int(metrics["env_steps"][0])

@@ -1,6 +1,7 @@
 """Anakin mode: n-step targets equal the local adder's, the learner step is the local learner's,
 runs are deterministic per seed and differ across seeds, a short run learns, bad input is named."""
 
+import functools
 import json
 import os
 import subprocess
@@ -131,6 +132,73 @@ def test_anakin_learn_step_equals_the_local_learner_step(overrides):
                                        new_state.learner.online_params,
                                        state.learner.online_params))
   assert max(moved) > 0  # The step changed the parameters.
+
+
+@pytest.mark.parametrize("num_seeds", [1, 2])
+def test_warmup_as_loops_trains_what_the_per_iteration_conditional_trains(num_seeds):
+  """`train_chunk(..., warmup=w)` runs a chunk's warm-up and learning iterations as two loops;
+  chunk by chunk, across the start of learning, it trains what the conditional on the
+  iteration index trains (one seed unbatched, two vmapped)."""
+  from agents.dqn.seed_layout import over_seeds  # pylint: disable=import-outside-toplevel
+  config = _tiny_config(min_replay_size=300)  # 4 inserts per iteration.
+  env = envs.make_jax_environment("gymnax:CartPole-v1")
+  builder = DQNBuilder(config)
+  trainer = builder.make_anakin(env, builder.make_networks(env.spec), eval_episodes=2)
+  # Iteration i learns once (i + 1) * 4 >= 300: iterations 0-73 fill replay.
+  assert trainer.warmup_iterations == 74
+  warmups = [anakin.chunk_warmup(trainer, c * 30, 30) for c in range(4)]
+  assert warmups == [30, 30, 14, 0]
+  batched = num_seeds > 1
+  keys = np.stack([np.asarray(jax.random.PRNGKey(s)) for s in range(num_seeds)])
+  init = jax.jit(over_seeds(trainer.init, batched))
+
+  def run(per_chunk):
+    chunk = {w: jax.jit(over_seeds(functools.partial(trainer.train_chunk, num_iterations=30,
+                                                     warmup=w), batched, in_axes=(0, None)))
+             for w in set(per_chunk)}
+    state, rows = init(keys), []
+    for c, w in enumerate(per_chunk):
+      state, metrics = chunk[w](state, np.int32(c * 30))
+      rows.append(jax.device_get(metrics))
+    return jax.device_get(state.learner.online_params), rows
+
+  params_cond, rows_cond = run([None] * 4)
+  params_loops, rows_loops = run(warmups)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+               params_cond, params_loops)
+  assert [int(r["learner_steps"][0]) for r in rows_loops] == [0, 0, 16, 46]
+  for cond_row, loops_row in zip(rows_cond, rows_loops):
+    assert set(cond_row) == set(loops_row)
+    for name in cond_row:
+      np.testing.assert_allclose(np.asarray(cond_row[name], np.float64),
+                                 np.asarray(loops_row[name], np.float64), rtol=1e-5)
+  assert np.all(np.isnan(rows_loops[1]["loss"])) and np.all(np.isfinite(rows_loops[2]["loss"]))
+
+
+def test_a_device_with_a_batch_of_seeds_runs_the_warmup_as_loops(tmp_path, monkeypatch):
+  """Two seeds on one CPU device: chunk 0 (124 warm-up iterations, then learning) and the
+  learning chunks after it are two programs; the run trains what the per-iteration
+  conditional trains (same parameters, same learner steps)."""
+  from agents.dqn import seed_layout  # pylint: disable=import-outside-toplevel
+  lowered = []
+  original = anakin.chunk_warmup
+  monkeypatch.setattr(anakin, "chunk_warmup",
+                      lambda *args: lowered.append(original(*args)) or lowered[-1])
+
+  def run(name):
+    experiment = ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin", seed=0,
+                                  num_seeds=2, cpu_devices=1, total_steps=2400, log_every=800,
+                                  eval_episodes=2, logdir=str(tmp_path / name), quiet=True,
+                                  loggers=("csv",))
+    return run_experiment(experiment, _tiny_config())
+
+  loops = run("loops")
+  assert lowered == [124, 0, 0]  # 600 iterations in chunks of 200; learning starts at 124.
+  monkeypatch.setattr(seed_layout, "warmup_loops", lambda batched: False)
+  conditional = run("conditional")
+  assert loops["seed_devices"] == conditional["seed_devices"] == 1
+  assert loops["learner_steps"] == conditional["learner_steps"] == 600 - 124
+  assert loops["params_checksum"] == conditional["params_checksum"]
 
 
 def _run_anakin(tmp_path, name, seed=0, num_seeds=2, total_steps=8000, **overrides):
