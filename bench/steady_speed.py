@@ -21,7 +21,6 @@ and CSV writing are left out. A call of theirs is their compiled
 `train(keys)` (no evaluation). The compile cache is off for both.
 """
 
-import functools
 import os
 import statistics
 import sys
@@ -76,9 +75,8 @@ def ours_program(experiment, config):
                         for s in seeds])
   init = jax.jit(seed_layout.over_seeds(trainer.init, batched))
   warmups = plan.chunk_warmups(trainer, seed_layout.warmup_loops(batched))
-  chunk = {w: jax.jit(seed_layout.over_seeds(
-      functools.partial(trainer.train_chunk, num_iterations=plan.iterations_per_chunk, warmup=w),
-      batched, in_axes=(0, None)), donate_argnums=0) for w in dict.fromkeys(warmups)}
+  chunk = {w: jax.jit(plan.chunk_fn(trainer, w, batched), donate_argnums=0)
+           for w in dict.fromkeys(warmups)}
 
   evaluate = jax.jit(seed_layout.over_seeds(indexed_evaluation(trainer), batched,
                                             in_axes=(0, 0, None)))

@@ -17,7 +17,6 @@ same parameters and metrics. `seed_layout.warmup_loops` picks between
 them from these measurements.
 """
 
-import functools
 import os
 import statistics
 import sys
@@ -65,10 +64,8 @@ def programs(experiment, config, num_seeds: int):
     warmups = plan.chunk_warmups(trainer, loops)
     compiled, start = {}, time.perf_counter()
     for warmup in dict.fromkeys(warmups):
-      compiled[warmup] = jax.jit(seed_layout.over_seeds(functools.partial(
-          trainer.train_chunk, num_iterations=plan.iterations_per_chunk, warmup=warmup),
-          batched, in_axes=(0, None)), donate_argnums=0).lower(
-              state_shape, np.int32(0)).compile()
+      compiled[warmup] = jax.jit(plan.chunk_fn(trainer, warmup, batched),
+                                 donate_argnums=0).lower(state_shape, np.int32(0)).compile()
     compile_s = time.perf_counter() - start
 
     def run(compiled=compiled, warmups=warmups):

@@ -71,6 +71,12 @@ class AnakinPlan:
     return [anakin_lib.chunk_warmup(trainer, c * n, n) if warmup_loops else None
             for c in range(self.num_chunks)]
 
+  def chunk_fn(self, trainer: anakin_lib.Anakin, warmup: Optional[int], batched: bool):
+    """`(state, first_iteration) -> (state, metrics)`: one chunk over a device's block of seeds."""
+    return seed_layout.over_seeds(
+        functools.partial(trainer.train_chunk, num_iterations=self.iterations_per_chunk,
+                          warmup=warmup), batched, in_axes=(0, None))
+
   def as_dict(self) -> Dict[str, int]:
     """What a resumed run must share with the saved one (its compiled chunk and budget)."""
     return {"steps_per_iteration": self.steps_per_iteration,
@@ -209,10 +215,8 @@ class AnakinSource(Source):
     self._warmups = plan.chunk_warmups(trainer, seed_layout.warmup_loops(batched))
 
     def lower_chunk(warmup):
-      chunk_fn = seed_layout.per_device(
-          seed_layout.over_seeds(functools.partial(
-              trainer.train_chunk, num_iterations=plan.iterations_per_chunk, warmup=warmup),
-              batched, in_axes=(0, None)), mesh, (P("seeds"), P()))
+      chunk_fn = seed_layout.per_device(plan.chunk_fn(trainer, warmup, batched), mesh,
+                                        (P("seeds"), P()))
       return jax.jit(chunk_fn, donate_argnums=0).lower(state_shape, np.int32(0))
     # XLA compiles a program on the thread that asks: the init and the evaluation
     # compile beside the training chunk. On the CPU training waits for the

@@ -180,10 +180,10 @@ def test_a_device_with_a_batch_of_seeds_runs_the_warmup_as_loops(tmp_path, monke
   learning chunks after it are two programs; the run trains what the per-iteration
   conditional trains (same parameters, same learner steps)."""
   from agents.dqn import seed_layout  # pylint: disable=import-outside-toplevel
-  lowered = []
+  warmups_planned = []
   original = anakin.chunk_warmup
   monkeypatch.setattr(anakin, "chunk_warmup",
-                      lambda *args: lowered.append(original(*args)) or lowered[-1])
+                      lambda *args: warmups_planned.append(original(*args)) or warmups_planned[-1])
 
   def run(name):
     experiment = ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin", seed=0,
@@ -193,7 +193,7 @@ def test_a_device_with_a_batch_of_seeds_runs_the_warmup_as_loops(tmp_path, monke
     return run_experiment(experiment, _tiny_config())
 
   loops = run("loops")
-  assert lowered == [124, 0, 0]  # 600 iterations in chunks of 200; learning starts at 124.
+  assert warmups_planned == [124, 0, 0]  # 600 iterations in chunks of 200; learning starts at 124.
   monkeypatch.setattr(seed_layout, "warmup_loops", lambda batched: False)
   conditional = run("conditional")
   assert loops["seed_devices"] == conditional["seed_devices"] == 1
