@@ -138,6 +138,38 @@ def test_the_warmup_loops_bench_finds_both_chunk_structures_train_the_same(tmp_p
   assert rows[0].rstrip(" |").endswith("yes"), rows
 
 
+def test_the_compile_time_bench_times_both_schedules_of_the_run_dqn_build(tmp_path):
+  """Two seeds on one CPU device, learning starting inside the first of three chunks: two
+  chunk programs, built with one compile at a time, two at a time and side by side."""
+  out = tmp_path / "compile_time.md"
+  subprocess.run(
+      [sys.executable, "-m", "bench.compile_time",
+       "--flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg", "--num_seeds=2",
+       "--cpu_devices=1", "--total_steps=1200", "--min_replay_size=200", "--log_every=400",
+       "--repeats=1", f"--out={out}"], cwd=ROOT, check=True, capture_output=True, text=True,
+      timeout=300)
+  rows = [line.split("|")[1:-1] for line in out.read_text().splitlines()
+          if line.startswith("| ours |")]
+  assert [[c.strip() for c in row[:4]] for row in rows] == [
+      ["ours", "2", "2", "one at a time"], ["ours", "2", "2", "two at a time"],
+      ["ours", "2", "2", "side by side"]], rows
+  assert all(float(row[4]) > 0 for row in rows), rows
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--repeats=0"], "--repeats=0: at least 1 timed pair is needed."),
+    (["--run_mode=local"], "--run_mode=local: this bench times anakin mode"),
+    (["--purejaxrl_dir=/nonexistent"], "--purejaxrl_dir='/nonexistent': no purejaxrl/dqn.py"),
+])
+def test_bad_compile_time_bench_input_is_one_line_and_exit_code_2(args, expected):
+  result = subprocess.run(
+      [sys.executable, "-m", "bench.compile_time",
+       "--flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg", *args],
+      cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2
+  assert expected in result.stderr.strip().splitlines()[-1]
+
+
 @pytest.mark.parametrize("args, expected", [
     (["--repeats=0"], "--repeats=0: at least 1 timed pair is needed."),
     (["--seed_counts=0"], "--seed_counts=0: give counts of 1 or more."),

@@ -11,8 +11,9 @@ call on the device (one advance of the run loop), after which one row of
 metrics comes back for the terminal and train.csv. A device with a batch of
 seeds runs each chunk's learning warm-up as a loop of its own
 (`seed_layout.warmup_loops`): the chunks before, across and after the start
-of learning are then up to three programs, the first compiled ahead and the
-others beside it (on the CPU, before training starts).
+of learning are then up to three programs. Each program compiles on a thread
+of its own as soon as it is lowered, the init and the first chunk first; a
+CPU run waits for all of them before training, an accelerator only for those two.
 """
 
 import concurrent.futures
@@ -123,11 +124,11 @@ def _check_resumable_plan(run_checkpoints, plan: AnakinPlan) -> Optional[int]:
   return int(meta.get("seed_devices", 1))
 
 
-def _compile_in_background(lowered) -> concurrent.futures.Future:
-  executor = concurrent.futures.ThreadPoolExecutor(1)
-  future = executor.submit(lowered.compile)
-  executor.shutdown(wait=False)
-  return future
+def _compile_queue(workers: Optional[int]) -> concurrent.futures.ThreadPoolExecutor:
+  """Compiles lowered programs off the main thread, in the order submitted, `workers` at once
+  (default: every program of a run side by side; bench/compile_time.py times the choice)."""
+  workers = workers or 8
+  return concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="compile")
 
 
 def indexed_evaluation(trainer: anakin_lib.Anakin):
@@ -169,7 +170,9 @@ class AnakinSource(Source):
   """
   row_every_advance = True
 
-  def __init__(self, experiment: ExperimentConfig, config: DQNConfig):
+  def __init__(self, experiment: ExperimentConfig, config: DQNConfig,
+               compile_workers: Optional[int] = None):
+    """`compile_workers`: programs compiled at once (default: all of them)."""
     self._experiment, self._config = experiment, config
     try:  # Bad input: a non-JAX env, an unknown id, actions or observations the network cannot take.
       env = envs.make_jax_environment(experiment.env)
@@ -218,26 +221,28 @@ class AnakinSource(Source):
       chunk_fn = seed_layout.per_device(plan.chunk_fn(trainer, warmup, batched), mesh,
                                         (P("seeds"), P()))
       return jax.jit(chunk_fn, donate_argnums=0).lower(state_shape, np.int32(0))
-    # XLA compiles a program on the thread that asks: the init and the evaluation
-    # compile beside the training chunk. On the CPU training waits for the
-    # evaluation's compile, which would otherwise take the cores from the first
-    # chunk; an accelerator trains while the host compiles it.
-    init_future = _compile_in_background(init.lower(train_keys))
-    self._evaluate = _compile_in_background(
-        jax.jit(seed_layout.per_device(
-            seed_layout.over_seeds(indexed_evaluation(trainer), batched, in_axes=(0, 0, None)),
-            mesh, (P("seeds"), P("seeds"), P()))).lower(
-            state_shape.learner.online_params, self._eval_keys, np.int32(0)))
-    later = [w for w in dict.fromkeys(self._warmups) if w != self._warmups[0]]
+    # Each program is queued as soon as it is lowered, the first chunk (what the first advance
+    # waits for) right after the init, which lowers in a fraction of its time: the evaluation
+    # and the later chunks are lowered while they compile. On the CPU training waits for
+    # every compile, which would otherwise take the cores from the first chunks; an
+    # accelerator trains while the host compiles the later programs.
+    compiles = _compile_queue(compile_workers)
+    first, *later = dict.fromkeys(self._warmups)
+    init_program = compiles.submit(init.lower(train_keys).compile)
     self._chunk_programs: Dict[Optional[int], Any] = {
-        w: _compile_in_background(lower_chunk(w)) for w in later}
-    self._chunk_programs[self._warmups[0]] = lower_chunk(self._warmups[0]).compile()
-    self._state = init_future.result()(train_keys)
-    if jax.default_backend() == "cpu":
-      self._evaluate.result()
-      for program in self._chunk_programs.values():
-        if isinstance(program, concurrent.futures.Future):
-          program.result()
+        first: compiles.submit(lower_chunk(first).compile)}
+    self._evaluate = compiles.submit(jax.jit(seed_layout.per_device(
+        seed_layout.over_seeds(indexed_evaluation(trainer), batched, in_axes=(0, 0, None)),
+        mesh, (P("seeds"), P("seeds"), P()))).lower(
+            state_shape.learner.online_params, self._eval_keys, np.int32(0)).compile)
+    for w in later:
+      self._chunk_programs[w] = compiles.submit(lower_chunk(w).compile)
+    compiles.shutdown(wait=False)
+    self._state = init_program.result()(train_keys)
+    waits = ([self._evaluate, *self._chunk_programs.values()] if jax.default_backend() == "cpu"
+             else [self._chunk_programs[first]])
+    for program in waits:
+      program.result()  # Raises what a compile raised.
     jax.block_until_ready(self._state)
     self._chunks, self._first_step = 0, 0
     self._metrics: Dict[str, Any] = {}
@@ -246,6 +251,11 @@ class AnakinSource(Source):
     # Chunk ends fall near, not on, multiples of `eval_every` (the n-step fill
     # and whole iterations shift them): evaluate at the chunk end nearest each.
     self.eval_slack = plan.iterations_per_chunk * plan.steps_per_iteration // 2
+
+  @property
+  def chunk_programs(self) -> int:
+    """How many chunk programs the run compiled (one per distinct warm-up length)."""
+    return len(self._chunk_programs)
 
   @property
   def done(self) -> bool:
@@ -262,9 +272,7 @@ class AnakinSource(Source):
   def advance(self, target_steps: int, should_stop) -> None:
     del target_steps, should_stop  # One compiled chunk: its length is fixed.
     first_iteration = self._chunks * self._plan.iterations_per_chunk
-    program = self._chunk_programs[self._warmups[self._chunks]]
-    if isinstance(program, concurrent.futures.Future):
-      program = program.result()
+    program = self._chunk_programs[self._warmups[self._chunks]].result()
     self._state, metrics = program(self._state, np.int32(first_iteration))
     self._chunks += 1
     self._metrics = metrics = jax.device_get(metrics)  # One transfer per chunk, [num_seeds] each.

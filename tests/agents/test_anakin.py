@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import dm_env
 import jax
@@ -199,6 +201,39 @@ def test_a_device_with_a_batch_of_seeds_runs_the_warmup_as_loops(tmp_path, monke
   assert loops["seed_devices"] == conditional["seed_devices"] == 1
   assert loops["learner_steps"] == conditional["learner_steps"] == 600 - 124
   assert loops["params_checksum"] == conditional["params_checksum"]
+
+
+@pytest.mark.parametrize("workers, most_at_once", [(None, [2, 3, 4]), (1, [1])])
+def test_the_first_chunk_is_queued_right_after_the_init_and_workers_set_the_overlap(
+    monkeypatch, workers, most_at_once):
+  """Two seeds on one CPU device, learning starting in the first of three chunks: the init,
+  the first chunk, the evaluation and the learning chunk are queued in that order, compiled
+  side by side by default and one at a time with `compile_workers=1`."""
+  from agents.dqn.anakin import AnakinSource  # pylint: disable=import-outside-toplevel
+  lock, running, calls, most = threading.Lock(), [0], [], [0]
+  original = jax.stages.Lowered.compile
+
+  def compile_and_count(lowered, *args, **kwargs):
+    with lock:
+      running[0] += 1
+      most[0] = max(most[0], running[0])
+      calls.append(len(lowered.in_tree.children()[0].children()))  # The program's arguments.
+    time.sleep(0.2)  # Long enough for programs queued side by side to overlap.
+    try:
+      return original(lowered, *args, **kwargs)
+    finally:
+      with lock:
+        running[0] -= 1
+
+  monkeypatch.setattr(jax.stages.Lowered, "compile", compile_and_count)
+  experiment = ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin", num_seeds=2,
+                                cpu_devices=1, total_steps=2400, log_every=800, eval_episodes=2,
+                                quiet=True)
+  source = AnakinSource(experiment, _tiny_config(), compile_workers=workers)
+  assert source.chunk_programs == 2
+  # (keys,), (state, first iteration), (params, keys, index), then the learning chunk.
+  assert calls == [1, 2, 3, 2]
+  assert most[0] in most_at_once
 
 
 def _run_anakin(tmp_path, name, seed=0, num_seeds=2, total_steps=8000, **overrides):
