@@ -156,28 +156,18 @@ def test_the_compile_time_bench_times_both_schedules_of_the_run_dqn_build(tmp_pa
   assert all(float(row[4]) > 0 for row in rows), rows
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--repeats=0"], "--repeats=0: at least 1 timed pair is needed."),
-    (["--run_mode=local"], "--run_mode=local: this bench times anakin mode"),
-    (["--purejaxrl_dir=/nonexistent"], "--purejaxrl_dir='/nonexistent': no purejaxrl/dqn.py"),
+@pytest.mark.parametrize("bench, args, expected", [
+    ("compile_time", ["--repeats=0"], "--repeats=0: at least 1 timed pair is needed."),
+    ("compile_time", ["--run_mode=local"], "--run_mode=local: this bench times anakin mode"),
+    ("compile_time", ["--purejaxrl_dir=/nonexistent"],
+     "--purejaxrl_dir='/nonexistent': no purejaxrl/dqn.py"),
+    ("warmup_loops", ["--repeats=0"], "--repeats=0: at least 1 timed pair is needed."),
+    ("warmup_loops", ["--seed_counts=0"], "--seed_counts=0: give counts of 1 or more."),
+    ("warmup_loops", ["--pqn"], "--pqn: PQN learns every iteration and has no warm-up"),
 ])
-def test_bad_compile_time_bench_input_is_one_line_and_exit_code_2(args, expected):
+def test_bad_anakin_bench_input_is_one_line_and_exit_code_2(bench, args, expected):
   result = subprocess.run(
-      [sys.executable, "-m", "bench.compile_time",
-       "--flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg", *args],
-      cwd=ROOT, capture_output=True, text=True, timeout=120)
-  assert result.returncode == 2
-  assert expected in result.stderr.strip().splitlines()[-1]
-
-
-@pytest.mark.parametrize("args, expected", [
-    (["--repeats=0"], "--repeats=0: at least 1 timed pair is needed."),
-    (["--seed_counts=0"], "--seed_counts=0: give counts of 1 or more."),
-    (["--pqn"], "--pqn: PQN learns every iteration and has no warm-up"),
-])
-def test_bad_warmup_loops_bench_input_is_one_line_and_exit_code_2(args, expected):
-  result = subprocess.run(
-      [sys.executable, "-m", "bench.warmup_loops",
+      [sys.executable, "-m", f"bench.{bench}",
        "--flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg", *args],
       cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert result.returncode == 2
