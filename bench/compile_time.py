@@ -32,6 +32,7 @@ import jax
 
 from acme_jax_dqn import xla_setup
 from agents.dqn.anakin import AnakinSource
+from agents.dqn.experiment import set_anakin_cpu_devices
 from launch import flags as launch_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # For `bench`.
@@ -76,9 +77,7 @@ def main(argv):
     purejaxrl_peer.load(FLAGS.purejaxrl_dir)  # A missing checkout stops here, before compiling.
   config, experiment = harness.anakin_run_flags(FLAGS.repeats)
   num_seeds = experiment.num_seeds
-  # run_dqn's CPU layout: before the CPU client exists, as run_experiment sets it.
-  xla_setup.set_cpu_devices(max(experiment.cpu_devices,
-                                min(num_seeds, xla_setup.MAX_AUTO_CPU_DEVICES)))
+  set_anakin_cpu_devices(experiment)  # run_dqn's CPU layout, before the CPU client exists.
   jax.config.update("jax_enable_compilation_cache", False)
   times = {name: [] for name in SCHEDULES}
   for repeat in range(FLAGS.repeats + 1):

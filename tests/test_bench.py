@@ -138,7 +138,7 @@ def test_the_warmup_loops_bench_finds_both_chunk_structures_train_the_same(tmp_p
   assert rows[0].rstrip(" |").endswith("yes"), rows
 
 
-def test_the_compile_time_bench_times_both_schedules_of_the_run_dqn_build(tmp_path):
+def test_the_compile_time_bench_times_three_schedules_of_the_run_dqn_build(tmp_path):
   """Two seeds on one CPU device, learning starting inside the first of three chunks: two
   chunk programs, built with one compile at a time, two at a time and side by side."""
   out = tmp_path / "compile_time.md"

@@ -17,7 +17,8 @@ from agents.dqn import run_loop
 from agents.dqn.config import ConfigError, DQNConfig
 from agents.dqn.experiment_config import ExperimentConfig
 
-__all__ = ["ExperimentConfig", "make_source", "run_experiment", "train"]
+__all__ = ["ExperimentConfig", "make_source", "run_experiment", "set_anakin_cpu_devices",
+           "train"]
 
 
 def make_source(experiment: ExperimentConfig, config: DQNConfig) -> run_loop.Source:
@@ -35,6 +36,14 @@ def make_source(experiment: ExperimentConfig, config: DQNConfig) -> run_loop.Sou
     return DistributedSource(experiment, config)  # Imports ray only when asked.
   from agents.dqn.local_run import LocalSource  # pylint: disable=import-outside-toplevel
   return LocalSource(experiment, config)
+
+
+def set_anakin_cpu_devices(experiment: ExperimentConfig) -> bool:
+  """Gives the CPU client a device per seed (up to `xla_setup.MAX_AUTO_CPU_DEVICES`, or
+  `cpu_devices` when more; a resume may need its checkpoint's split); agents/dqn/anakin.py
+  picks how many the seeds split over. Call before the CPU client exists."""
+  return xla_setup.set_cpu_devices(max(experiment.cpu_devices,
+                                       min(experiment.num_seeds, xla_setup.MAX_AUTO_CPU_DEVICES)))
 
 
 def run_experiment(experiment: ExperimentConfig, config: DQNConfig,
@@ -56,10 +65,7 @@ def train(experiment: ExperimentConfig, config: DQNConfig,
     # reads the dispatch setting only then.
     xla_setup.configure_cpu_dispatch(config.num_envs)
   if experiment.run_mode == "anakin":  # Also before the CPU client exists.
-    # Devices for one seed each (a resume may need its checkpoint's split);
-    # agents/dqn/anakin.py picks how many the seeds split over.
-    xla_setup.set_cpu_devices(max(experiment.cpu_devices,
-                              min(experiment.num_seeds, xla_setup.MAX_AUTO_CPU_DEVICES)))
+    set_anakin_cpu_devices(experiment)
   if experiment.one_cpu_core:
     xla_setup.run_xla_on_one_cpu_core()
   # After the CPU settings above: listing checkpoints (orbax) starts JAX's CPU client.
