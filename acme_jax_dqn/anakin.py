@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, NamedTuple, Optional
 
 import chex
 import jax
+from jax import flatten_util
 import jax.numpy as jnp
 import optax
 
@@ -228,18 +229,22 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
     if warmup is None:
       indices = first_iteration + jnp.arange(num_iterations, dtype=jnp.int32)
       state, (stats, metrics, learned) = jax.lax.scan(iteration, state, indices)
-      return state, chunk_metrics(state, stats, metrics, learned, epsilon_fn)
-    parts = []  # (stats, metrics, learned) of each loop, leaves [iterations, ...].
+      sums = jax.tree.map(lambda m: jnp.sum(m * learned), metrics)
+      return state, chunk_metrics(state, jax.tree.map(jnp.sum, stats), sums,
+                                  jnp.sum(learned), epsilon_fn)
+    # The warm-up and the learning iterations each run as a loop of their own, which sums
+    # its stats and metrics in its carry: a chunk's row needs only the sums, and on a GPU a
+    # stacked output is one more write kernel per metric in every iteration.
+    stats = zeros_of_output(act_iteration, state)
     if warmup:
-      state, stats = jax.lax.scan(act_iteration, state, None, length=warmup)
-      zeros = jax.tree.map(lambda m: jnp.zeros((warmup,) + m.shape, m.dtype), metric_shapes)
-      parts.append((stats, zeros, jnp.zeros((warmup,), jnp.float32)))
-    if num_iterations > warmup:
-      learning = num_iterations - warmup
-      state, (stats, metrics) = jax.lax.scan(learn_iteration, state, None, length=learning)
-      parts.append((stats, metrics, jnp.ones((learning,), jnp.float32)))
-    stats, metrics, learned = jax.tree.map(lambda *x: jnp.concatenate(x), *parts)
-    return state, chunk_metrics(state, stats, metrics, learned, epsilon_fn)
+      state, stats = summed_scan(act_iteration, state, warmup)
+    learning = num_iterations - warmup
+    if learning:
+      state, (learn_stats, sums) = summed_scan(learn_iteration, state, learning)
+      stats = jax.tree.map(jnp.add, stats, learn_stats)
+    else:
+      sums = skip_learning(state)[1]  # Zeros: the row's metrics read NaN.
+    return state, chunk_metrics(state, stats, sums, jnp.float32(learning), epsilon_fn)
 
   return Anakin(init=init, train_chunk=train_chunk,
                 evaluate=make_evaluate(env, eval_policy, eval_episodes, eval_epsilon), learn=learn,
@@ -247,6 +252,27 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
                 env_steps_per_iteration=env_steps_per_iteration,
                 learner_calls_per_iteration=learner_calls_per_iteration,
                 warmup_iterations=max(0, -(-min_replay_size // inserts_per_iteration) - 1))
+
+
+def zeros_of_output(body, state):
+  """Zeros shaped as `body(state, None)`'s second output."""
+  shapes = jax.eval_shape(lambda s: body(s, None)[1], state)
+  return jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), shapes)
+
+
+def summed_scan(body, state, length: int):
+  """`length` calls of `body(state, None) -> (state, out)` in one loop; returns the state and
+  the outputs summed in the loop's carry, as one vector (one add per call, not a write per
+  leaf per call as stacked outputs would be)."""
+  _, unravel = flatten_util.ravel_pytree(zeros_of_output(body, state))
+
+  def step(carry, _):
+    state, total = carry
+    state, out = body(state, None)
+    return (state, total + flatten_util.ravel_pytree(out)[0]), None
+  zeros = flatten_util.ravel_pytree(zeros_of_output(body, state))[0]
+  (state, total), _ = jax.lax.scan(step, (state, zeros), None, length=length)
+  return state, unravel(total)
 
 
 def chunk_warmup(anakin: Anakin, first_iteration: int, num_iterations: int) -> int:
@@ -293,15 +319,14 @@ def reset_copies(env: GymnaxEnv, key: chex.PRNGKey, num_envs: int):
   return observation.astype(env.spec.observations.dtype), env_state
 
 
-def chunk_metrics(state, stats: StepStats, metrics, learned, epsilon_fn) -> Dict[str, chex.Array]:
-  """A chunk's row: learner metrics averaged over the iterations that learned (NaN if none
-  did), episode stats summed, and the counters."""
-  count = jnp.sum(learned)
+def chunk_metrics(state, stats: StepStats, metric_sums, learned, epsilon_fn
+                  ) -> Dict[str, chex.Array]:
+  """A chunk's row: learner metrics averaged over the `learned` iterations that learned (their
+  `metric_sums` over those; NaN if none did), the episode `stats` summed, and the counters."""
   out: Dict[str, chex.Array] = jax.tree.map(
-      lambda m: jnp.where(count > 0, jnp.sum(m * learned) / jnp.maximum(count, 1.0),
-                          jnp.nan), metrics)
-  out["episode_return_sum"] = jnp.sum(stats.return_sum)
-  out["episodes"] = jnp.sum(stats.episodes)
+      lambda m: jnp.where(learned > 0, m / jnp.maximum(learned, 1.0), jnp.nan), metric_sums)
+  out["episode_return_sum"] = stats.return_sum
+  out["episodes"] = stats.episodes
   out["epsilon"] = jnp.mean(epsilon_fn(state.env_steps))
   out["env_steps"] = state.env_steps
   out["learner_steps"] = state.learner.steps

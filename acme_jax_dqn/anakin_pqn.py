@@ -81,9 +81,9 @@ def make_pqn_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.Gradien
   def train_chunk(state: PQNState, first_iteration: chex.Array, num_iterations: int,
                   warmup: Optional[int] = None):
     del first_iteration, warmup  # Every iteration learns.
-    state, (stats, metrics) = jax.lax.scan(iteration, state, None, length=num_iterations)
-    learned = jnp.ones((num_iterations,), jnp.float32)
-    return state, anakin.chunk_metrics(state, stats, metrics, learned, epsilon_fn)
+    state, (stats, sums) = anakin.summed_scan(iteration, state, num_iterations)
+    return state, anakin.chunk_metrics(state, stats, sums, jnp.float32(num_iterations),
+                                       epsilon_fn)
 
   def learner_step(learner_state, rollout):
     return rollout_update(learner_state, rollout)

@@ -12,6 +12,7 @@ import optax
 from acme_jax_dqn import acme_interop
 from acme_jax_dqn import replay as replay_lib
 from acme_jax_dqn import trees
+from acme_jax_dqn import xla_setup
 from acme_jax_dqn.choices import LR_SCHEDULES
 from acme_jax_dqn.networks import Networks
 from acme_jax_dqn.types import Params, TrainingState
@@ -79,7 +80,7 @@ def keep_if_finite(finite: chex.Array, new, old):
   conditional costs a round trip for its predicate, so they keep the
   select. Under vmap with a per-seed predicate both become a select.
   """
-  if jax.default_backend() == "cpu":
+  if xla_setup.target_platform() == "cpu":
     return jax.lax.cond(finite, lambda n, o: n, lambda n, o: o, new, old)
   return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
 
@@ -151,7 +152,7 @@ def make_sgd_step(networks: Networks, loss_fn, optimizer: optax.GradientTransfor
     updates, opt_state = optimizer.update(grads, state.opt_state, state.online_params)
     online_params = optax.apply_updates(state.online_params, updates)
     steps = state.steps + 1
-    grad_norm = optax.global_norm(grads)
+    grad_norm = trees.global_norm(grads)  # Also the guard's test: a non-finite gradient.
     finite = jnp.isfinite(loss_value) & jnp.isfinite(grad_norm)
     online_params, opt_state = keep_if_finite(
         finite, (online_params, opt_state), (state.online_params, state.opt_state))

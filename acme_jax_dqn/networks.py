@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from acme_jax_dqn import specs as specs_lib
+from acme_jax_dqn import xla_setup
 from acme_jax_dqn.choices import TORSOS
 from acme_jax_dqn.heads import (CategoricalHead, Dense, DuelingHead, ImplicitQuantileHead,
                                 NetworkOutput, QHead, QuantileHead)
@@ -107,7 +108,7 @@ class PatchConv2D(hk.Module):
     w_init = hk.initializers.TruncatedNormal(1.0 / np.sqrt(fan_in))  # hk.Conv2D's default.
     w = hk.get_parameter("w", (k, k, channels, self._channels), x.dtype, init=w_init)
     b = hk.get_parameter("b", (self._channels,), x.dtype, init=jnp.zeros)
-    use_patches = (jax.default_backend() == "cpu" if self._use_patches is None
+    use_patches = (xla_setup.target_platform() == "cpu" if self._use_patches is None
                    else self._use_patches)
     if not use_patches:
       out = jax.lax.conv_general_dilated(x, w, (s, s), "VALID",

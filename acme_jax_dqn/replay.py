@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from acme_jax_dqn import trees
+from acme_jax_dqn import xla_setup
 from acme_jax_dqn.types import Transition
 
 BufferState = Any  # A flashbax buffer state pytree.
@@ -70,7 +71,7 @@ def importance_weights(probabilities: chex.Array, size: chex.Array,
 
 
 def _flashbax_device() -> str:
-  backend = jax.default_backend()
+  backend = xla_setup.target_platform()
   return backend if backend in ("gpu", "tpu") else "cpu"
 
 

@@ -1,4 +1,5 @@
-"""XLA and JAX settings of a run: CPU dispatch, compilation cache, CPU devices, one core, PRNG.
+"""XLA and JAX settings of a run: CPU dispatch, compilation cache, CPU devices, one core, PRNG,
+and the platform the programs are built for.
 
 Most must be made before JAX creates its CPU client (the first array or
 device query); each says so, and returns False when it is too late.
@@ -87,6 +88,36 @@ def set_cpu_devices(count: int) -> bool:
     return False
   jax.config.update("jax_num_cpu_devices", max(1, count))
   return True
+
+
+_TARGET_PLATFORM = None  # Set by `building_for`; None: the default backend's.
+
+
+def target_platform() -> str:
+  """The platform ("cpu", "gpu", "tpu") the programs traced now are built for.
+
+  The kit picks some program structures by platform (a select or a
+  conditional, convolutions as patch matmuls, the learning warm-up as its
+  own loop); they ask here. It is JAX's default backend, except within
+  `building_for`.
+  """
+  return _TARGET_PLATFORM or jax.default_backend()
+
+
+@contextlib.contextmanager
+def building_for(platform: str):
+  """Within the block, programs are traced as for `platform`: to compile them ahead of time
+  for a device this host does not have (bench/hlo_kernels.py --target).
+
+  JAX's jit cache does not key on it: a function jitted and traced before
+  the block would keep that trace; jit the functions anew inside it.
+  """
+  global _TARGET_PLATFORM  # pylint: disable=global-statement
+  previous, _TARGET_PLATFORM = _TARGET_PLATFORM, platform
+  try:
+    yield
+  finally:
+    _TARGET_PLATFORM = previous
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
 """Kernels one training iteration runs: the optimized HLO of the compiled trainer, ours and PureJaxRL's dqn.py.
 
   python -m bench.hlo_kernels --flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg \\
-      --purejaxrl_dir=/path/to/purejaxrl
+      --purejaxrl_dir=/path/to/purejaxrl [--target=h200] [--num_seeds=2048]
 
 On a GPU a small iteration's time is set by how many kernels it launches
 and by the host round trips of loop and cond predicates, not by its
@@ -10,9 +10,24 @@ program that runs the iterations (one seed): the body of its scan over
 iterations, by kind (fusions, unfused ops, custom calls, nested loops and
 conditionals), and a total per iteration that counts a nested loop's body
 once per trip (XLA's `known_trip_count`) and a conditional's largest
-branch. Counts are read off the CPU backend (XLA fuses differently on the
-GPU), so they compare two programs on one backend, before and after a
-change.
+branch. A chunk that runs its learning warm-up as a loop of its own
+(`seed_layout.warmup_loops`) is compiled twice, all learning and all
+warm-up, and each count read off its loop.
+
+`--target=cpu` reads the CPU backend's HLO. `--target=h200` compiles both
+programs for an H200 on this host, with no GPU: XLA's GPU compiler reads
+the device description in bench/gpu_targets/h200.txtpb, and the kit
+traces its programs as for a GPU (`xla_setup.building_for`). What that
+needs is JAX's CUDA plugin of this jax version, in a virtualenv that sees
+the project's packages (the plugin would try to start a GPU in every
+process of the project's own environment):
+
+  python -m venv --system-site-packages /tmp/gpu_aot
+  /tmp/gpu_aot/bin/pip install --no-deps jax-cuda13-plugin==$JAX jax-cuda13-pjrt==$JAX
+  /tmp/gpu_aot/bin/python -m bench.hlo_kernels --target=h200 ...
+
+Without a device XLA cannot autotune, so its GEMM tilings are its
+defaults: kernel counts are the GPU's, their run times are not measured.
 
 PureJaxRL's `purejaxrl/dqn.py` is read from --purejaxrl_dir (a checkout of
 luchris429/purejaxrl; nothing of it enters this repository) and run with
@@ -28,7 +43,7 @@ import math
 import os
 import re
 import sys
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from absl import app
 from absl import flags
@@ -38,6 +53,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # For `bench`.
 from acme_jax_dqn import envs  # pylint: disable=wrong-import-position
 from acme_jax_dqn import xla_setup  # pylint: disable=wrong-import-position
+from agents.dqn import anakin as anakin_mode  # pylint: disable=wrong-import-position
 from agents.dqn import seed_layout  # pylint: disable=wrong-import-position
 from agents.dqn.builder import DQNBuilder  # pylint: disable=wrong-import-position
 from bench import harness  # pylint: disable=wrong-import-position
@@ -48,8 +64,13 @@ launch_flags.define_flags()
 flags.DEFINE_string("purejaxrl_dir", "", "A checkout of luchris429/purejaxrl (its purejaxrl/dqn.py "
                     "is compiled beside ours); empty: ours only.")
 flags.DEFINE_integer("iterations", 4, "Iterations in the compiled chunk (any; the body is the same).")
-flags.DEFINE_string("out", "bench/results/hlo_kernels.md", "Markdown table to write ('' : none).")
+flags.DEFINE_enum("target", "cpu", ["cpu", "h200"], "The device to compile for: this host's "
+                  "CPU, or an H200 compiled for on this host with no GPU (needs JAX's CUDA "
+                  "plugin; see the module's docstring).")
+flags.DEFINE_string("out", None, "Markdown table to write ('' : none; default "
+                    "bench/results/hlo_kernels.md, or hlo_kernels_<target>.md for a GPU).")
 FLAGS = flags.FLAGS
+GPU_TARGETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_targets")
 
 FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "opt-barrier",
         "after-all", "partition-id", "replica-id"}
@@ -149,53 +170,95 @@ def iteration_body(text: str) -> Dict[str, int]:
   return counts
 
 
-def ours_hlo() -> Tuple[str, float, float]:
-  """(optimized HLO, env steps per iteration, share of iterations that learn after warm-up)."""
+def gpu_placement(target: str) -> Callable:
+  """A function that places a tree of shapes on one `target` device, made without the device.
+
+  Call before JAX starts its backends: the CUDA plugin, which makes the
+  device description, must not try to start a GPU.
+  """
+  os.environ["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
+  jax.config.update("jax_platforms", "cpu")
+  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+  with open(os.path.join(GPU_TARGETS, f"{target}.txtpb")) as f:
+    description = f.read()
+  try:
+    topology = topologies.get_topology_desc("hlo_kernels", "cuda", target_config=description,
+                                            topology="1x1x1")
+  except (NotImplementedError, RuntimeError) as error:
+    plugin = f"jax-cuda13-plugin=={jax.__version__} jax-cuda13-pjrt=={jax.__version__}"
+    harness.bad_input(f"--target={target}: no GPU compiler here ({error}). In a virtualenv "
+                      f"made with --system-site-packages, `pip install --no-deps {plugin}` "
+                      "and run the bench with its python.")
+  mesh = topologies.make_mesh(topology, (1,), ("device",))
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  return lambda tree: jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+
+
+def _compiled_text(fn, *args) -> str:
+  return jax.jit(fn).lower(*args).compile().as_text()
+
+
+def ours_hlo(place: Callable, platform: str) -> Tuple[str, Optional[str], float, float]:
+  """(optimized HLO of a chunk that learns, of one in its warm-up (None: one program with a
+  conditional holds both), env steps per iteration, share of iterations that learn)."""
   config = launch_flags.config_from_flags()
   experiment = launch_flags.experiment_from_flags()
   env = envs.make_jax_environment(experiment.env)
-  builder = DQNBuilder(config)
-  trainer = builder.make_anakin(env, builder.make_networks(env.spec))
-  # The program a one-seed run compiles: unbatched, or vmapped over its one seed under an
-  # RngBitGenerator PRNG (agents/dqn/anakin.py).
-  batched = experiment.prng_impl in seed_layout.RBG_IMPLS
-  with xla_setup.prng_impl(experiment.prng_impl):  # The run's PRNG; PureJaxRL keeps its own.
-    keys = jax.random.split(jax.random.PRNGKey(0), 1)
-    init = seed_layout.over_seeds(trainer.init, batched)
-    chunk = seed_layout.over_seeds(
-        lambda s, i: trainer.train_chunk(s, i, FLAGS.iterations), batched, in_axes=(0, None))
-    state = jax.eval_shape(init, keys)
-    text = jax.jit(chunk).lower(state, np.int32(0)).compile().as_text()
-  return text, trainer.env_steps_per_iteration * config.num_envs, 1.0
+  num_seeds = experiment.num_seeds
+  # The program a run with every seed on one device compiles: unbatched for one seed (vmapped
+  # under an RngBitGenerator PRNG), with the learning warm-up as a conditional or a loop of
+  # its own (agents/dqn/anakin.py).
+  batched = num_seeds > 1 or experiment.prng_impl in seed_layout.RBG_IMPLS
+  with xla_setup.building_for(platform), xla_setup.prng_impl(experiment.prng_impl):
+    builder = DQNBuilder(config)
+    trainer = builder.make_anakin(env, builder.make_networks(env.spec))
+    keys = jax.random.split(jax.random.PRNGKey(0), num_seeds)
+    state = place(jax.eval_shape(seed_layout.over_seeds(trainer.init, batched), keys))
+    first = place(jax.ShapeDtypeStruct((), np.int32))
+
+    def chunk_text(warmup):
+      return _compiled_text(anakin_mode.chunk_fn(trainer, FLAGS.iterations, warmup, batched),
+                            state, first)
+    if not seed_layout.warmup_loops(batched):
+      learning, warming_up = chunk_text(None), None
+    else:
+      learning, warming_up = chunk_text(0), chunk_text(FLAGS.iterations)
+  return learning, warming_up, trainer.env_steps_per_iteration * config.num_envs, 1.0
 
 
-def purejaxrl_hlo(checkout: str) -> Tuple[str, float, float]:
-  """(optimized HLO, env steps per iteration, share of iterations that learn)."""
+def purejaxrl_hlo(checkout: str, place: Callable) -> Tuple[str, None, float, float]:
+  """(optimized HLO, None, env steps per iteration, share of iterations that learn)."""
   config = purejaxrl_peer.main_config(10 * FLAGS.iterations * 10)
   train = purejaxrl_peer.make_train(purejaxrl_peer.load(checkout), config)
-  keys = jax.random.split(jax.random.PRNGKey(0), 1)
-  text = jax.jit(train).lower(keys).compile().as_text()
+  keys = place(jax.eval_shape(lambda: jax.random.split(jax.random.PRNGKey(0),
+                                                        FLAGS.num_seeds)))
   # It learns when its env-step count (NUM_ENVS more each iteration) is a multiple of
   # TRAINING_INTERVAL: that share of iterations, after LEARNING_STARTS.
   interval = config["TRAINING_INTERVAL"]
-  return text, config["NUM_ENVS"], math.gcd(config["NUM_ENVS"], interval) / interval
+  return (_compiled_text(train, keys), None, config["NUM_ENVS"],
+          math.gcd(config["NUM_ENVS"], interval) / interval)
 
 
 def main(argv):
   del argv
+  target = FLAGS.target
+  place, platform = (gpu_placement(target), "gpu") if target != "cpu" else (lambda t: t, "cpu")
   flagfiles = [os.path.basename(a.split("=", 1)[1]) for a in sys.argv
                if a.startswith("--flagfile=")]
-  programs = {f"ours ({', '.join(flagfiles) or 'default flags'})": ours_hlo()}
+  programs = {f"ours ({', '.join(flagfiles) or 'default flags'})": ours_hlo(place, platform)}
   if FLAGS.purejaxrl_dir:
-    programs["PureJaxRL dqn.py (main() config)"] = purejaxrl_hlo(FLAGS.purejaxrl_dir)
+    programs["PureJaxRL dqn.py (main() config)"] = purejaxrl_hlo(FLAGS.purejaxrl_dir, place)
   header = ["program", "env steps per iteration", "kernels per iteration that learns",
             "kernels per iteration that does not", "kernels per 1,000 env steps (learning "
             "at the program's rate)", "fusions", "unfused ops", "custom calls", "loops",
             "conditionals"]
   rows = []
   results = {}
-  for name, (text, steps, learning) in programs.items():
+  for name, (text, warmup_text, steps, learning) in programs.items():
     counts = iteration_body(text)
+    if warmup_text is not None:  # The warm-up's own loop: what an iteration that does not learn runs.
+      counts["per_iteration_min"] = iteration_body(warmup_text)["per_iteration"]
     counts["per_1000_steps"] = round(1000 * (learning * counts["per_iteration"] + (
         1 - learning) * counts["per_iteration_min"]) / steps)
     results[name] = counts
@@ -205,12 +268,16 @@ def main(argv):
         counts.get("unfused", 0),
         counts.get("custom-call", 0), counts.get("while", 0), counts.get("conditional", 0)])
                     + " |")
+  seeds = f"{FLAGS.num_seeds} seed{'s' if FLAGS.num_seeds > 1 else ''} on one device"
+  backend = ("the optimized CPU HLO. The CPU backend keeps threefry's rounds as loops, which "
+             "a GPU fuses, so PRNG work weighs more here" if target == "cpu" else
+             f"the optimized GPU HLO for an {target.upper()}, compiled on this host without "
+             f"one (bench/gpu_targets/{target}.txtpb)")
   notes = ["compared: the top level of each program's scan body over iterations (fusions, "
            "unfused ops, custom calls, nested loops, conditionals), and the kernels one "
            "iteration runs (a nested loop's body times its trip count; a conditional's "
            "largest branch for an iteration that learns, its smallest for one that does "
-           "not), in the optimized CPU HLO, one seed. The CPU backend keeps threefry's "
-           "rounds as loops, which a GPU fuses, so PRNG work weighs more here."]
+           f"not; a warm-up loop of its own for one that does not), {seeds}, in {backend}."]
   if len(results) == 2:
     (ours, theirs) = results.values()
     notes.append("ratio (ours / PureJaxRL, kernels per iteration): "
@@ -220,8 +287,11 @@ def main(argv):
                  f"{ours['per_1000_steps'] / max(theirs['per_1000_steps'], 1):.2f}x.")
   for note in notes:
     print(note)
-  if FLAGS.out:
-    harness.write_table(FLAGS.out, harness.command_line(), header, rows, notes=notes,
+  out = FLAGS.out
+  if out is None:
+    out = "bench/results/hlo_kernels" + ("" if target == "cpu" else f"_{target}") + ".md"
+  if out:
+    harness.write_table(out, harness.command_line(), header, rows, notes=notes,
                         summary=harness.jax_here())
   print(json.dumps(results))
 

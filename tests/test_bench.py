@@ -164,6 +164,7 @@ def test_the_compile_time_bench_times_three_schedules_of_the_run_dqn_build(tmp_p
     ("warmup_loops", ["--repeats=0"], "--repeats=0: at least 1 timed pair is needed."),
     ("warmup_loops", ["--seed_counts=0"], "--seed_counts=0: give counts of 1 or more."),
     ("warmup_loops", ["--pqn"], "--pqn: PQN learns every iteration and has no warm-up"),
+    ("hlo_kernels", ["--target=h200"], "--target=h200: no GPU compiler here"),
 ])
 def test_bad_anakin_bench_input_is_one_line_and_exit_code_2(bench, args, expected):
   result = subprocess.run(
@@ -172,3 +173,83 @@ def test_bad_anakin_bench_input_is_one_line_and_exit_code_2(bench, args, expecte
       cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert result.returncode == 2
   assert expected in result.stderr.strip().splitlines()[-1]
+
+
+# A scan over iterations (3 trips) whose body runs a fusion, a copy, a nested loop of 5 trips
+# (a fusion and a custom call in its body, a fusion in its condition) and a conditional with
+# branches of 2 and 0 kernels; free ops (parameters, tuples, bitcasts) count nothing.
+_HLO = """
+%inner_body (p: (s32[])) -> (s32[]) {
+  %p = (s32[]) parameter(0)
+  %a = s32[] fusion(), kind=kLoop, calls=%f
+  %b = f32[8]{0} custom-call(), custom_call_target="x"
+  ROOT %t = (s32[]) tuple(%a)
+}
+
+%inner_cond (p: (s32[])) -> pred[] {
+  %p = (s32[]) parameter(0)
+  ROOT %c = pred[] fusion(), kind=kLoop, calls=%g
+}
+
+%learns (p: f32[]) -> f32[] {
+  %p = f32[] parameter(0)
+  %x = f32[] fusion(%p), kind=kLoop, calls=%h
+  ROOT %y = f32[] fusion(%x), kind=kLoop, calls=%h
+}
+
+%skips (p: f32[]) -> f32[] {
+  ROOT %p = f32[] parameter(0)
+}
+
+%body (p: (s32[], f32[])) -> (s32[], f32[]) {
+  %p = (s32[], f32[]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %f0 = f32[4]{0} fusion(), kind=kLoop, calls=%h
+  %c0 = f32[4]{0} copy(%f0)
+  %bc = f32[2,2]{1,0} bitcast(%c0)
+  %w = (s32[]) while(%i), condition=%inner_cond, body=%inner_body, backend_config={"known_trip_count":{"n":"5"}}
+  %k = f32[] conditional(%pred, %x, %x), branch_computations={%learns, %skips}
+  ROOT %t = (s32[], f32[]) tuple(%i, %k)
+}
+
+%cond (p: (s32[], f32[])) -> pred[] {
+  %p = (s32[], f32[]) parameter(0)
+  ROOT %lt = pred[] fusion(%p), kind=kLoop, calls=%g
+}
+
+ENTRY %main (a: (s32[], f32[])) -> (s32[], f32[]) {
+  %a = (s32[], f32[]) parameter(0)
+  ROOT %loop = (s32[], f32[]) while(%a), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
+}
+"""
+
+
+def test_hlo_kernels_counts_what_one_iteration_runs_in_a_small_hand_counted_module():
+  from bench import hlo_kernels  # pylint: disable=import-outside-toplevel
+  counts = hlo_kernels.iteration_body(_HLO)
+  # Top level of the body: one fusion, one copy (unfused), one loop, one conditional.
+  assert (counts["fusion"], counts["unfused"], counts["while"], counts["conditional"]) == (
+      1, 1, 1, 1)
+  # Per iteration: 1 fusion + 1 copy + the loop (5 trips x (2 body + 1 condition) + 1) + the
+  # conditional (1 + its branch) + the scan's own condition (1): 2 + 16 + 3 + 1 learning,
+  # 2 + 16 + 1 + 1 not.
+  assert (counts["per_iteration"], counts["per_iteration_min"]) == (22, 20)
+
+
+@pytest.mark.parametrize("num_seeds, conditionals", [(1, 1), (2, 0)])
+def test_hlo_kernels_counts_the_chunk_structure_a_run_compiles(tmp_path, num_seeds,
+                                                                conditionals):
+  """One seed on the CPU: one program whose conditional decides whether an iteration learns.
+  Two seeds on one device: the warm-up is a loop of its own, counted from a second program,
+  and the learning loop has no conditional."""
+  out = tmp_path / "hlo.md"
+  result = subprocess.run(
+      [sys.executable, "-m", "bench.hlo_kernels",
+       "--flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg", f"--num_seeds={num_seeds}",
+       "--iterations=2", f"--out={out}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
+  (counts,) = json.loads(result.stdout.strip().splitlines()[-1]).values()
+  assert counts.get("conditional", 0) == conditionals, counts
+  assert counts["per_iteration"] > counts["per_iteration_min"] > 0, counts
+  assert counts["per_1000_steps"] == counts["per_iteration"] * 100  # 10 env steps, all learning.
+  assert f"{num_seeds} seed" in out.read_text()

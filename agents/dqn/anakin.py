@@ -40,6 +40,15 @@ from agents.dqn.experiment_config import ExperimentConfig
 from agents.dqn.run_loop import Source
 
 
+def chunk_fn(trainer: anakin_lib.Anakin, num_iterations: int, warmup: Optional[int],
+             batched: bool):
+  """`(state, first_iteration) -> (state, metrics)`: a chunk of `num_iterations` over a device's
+  block of seeds (`warmup`: see `acme_jax_dqn.anakin.Anakin.train_chunk`)."""
+  return seed_layout.over_seeds(
+      functools.partial(trainer.train_chunk, num_iterations=num_iterations, warmup=warmup),
+      batched, in_axes=(0, None))
+
+
 class AnakinPlan:
   """How a budget of env steps splits into the n-step fill, chunks and iterations (all static)."""
 
@@ -74,9 +83,7 @@ class AnakinPlan:
 
   def chunk_fn(self, trainer: anakin_lib.Anakin, warmup: Optional[int], batched: bool):
     """`(state, first_iteration) -> (state, metrics)`: one chunk over a device's block of seeds."""
-    return seed_layout.over_seeds(
-        functools.partial(trainer.train_chunk, num_iterations=self.iterations_per_chunk,
-                          warmup=warmup), batched, in_axes=(0, None))
+    return chunk_fn(trainer, self.iterations_per_chunk, warmup, batched)
 
   def as_dict(self) -> Dict[str, int]:
     """What a resumed run must share with the saved one (its compiled chunk and budget)."""

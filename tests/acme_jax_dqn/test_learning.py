@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from acme_jax_dqn import learning, replay as replay_lib, trees
+from acme_jax_dqn import learning, replay as replay_lib, trees, xla_setup
 from acme_jax_dqn.types import Transition
 from agents.dqn import DQNBuilder, DQNConfig
 from acme_jax_dqn import specs
@@ -297,18 +297,42 @@ def test_noisy_networks_draw_fresh_online_and_target_noise_each_sgd_step():
 
 
 @pytest.mark.parametrize("backend", ["cpu", "gpu"])
-def test_keep_if_finite_picks_new_or_old_tree_on_either_backend_path(monkeypatch, backend):
+def test_keep_if_finite_picks_new_or_old_tree_on_either_backend_path(backend):
   # The conditional (CPU) and the select (accelerators) must pick the same tree.
-  monkeypatch.setattr(learning.jax, "default_backend", lambda: backend)
   new = {"w": jnp.arange(3.0), "b": jnp.float32(5.0)}
   old = {"w": jnp.zeros(3), "b": jnp.float32(-1.0)}
-  keep = jax.jit(learning.keep_if_finite)
-  for finite, want in ((True, new), (False, old)):
-    got = keep(jnp.bool_(finite), new, old)
-    np.testing.assert_array_equal(got["w"], want["w"])
-    np.testing.assert_array_equal(got["b"], want["b"])
-  # Per-seed predicates under vmap: each seed keeps its own tree.
-  got = jax.vmap(learning.keep_if_finite)(jnp.array([True, False]),
-                                          jax.tree.map(lambda x: jnp.stack([x, x]), new),
-                                          jax.tree.map(lambda x: jnp.stack([x, x]), old))
+  # A function of its own: JAX's jit cache would return the other platform's trace.
+  keep = jax.jit(lambda *args: learning.keep_if_finite(*args))
+  with xla_setup.building_for(backend):
+    assert ("cond" in str(jax.make_jaxpr(keep)(jnp.bool_(True), new, old))) == (backend == "cpu")
+    for finite, want in ((True, new), (False, old)):
+      got = keep(jnp.bool_(finite), new, old)
+      np.testing.assert_array_equal(got["w"], want["w"])
+      np.testing.assert_array_equal(got["b"], want["b"])
+    # Per-seed predicates under vmap: each seed keeps its own tree.
+    got = jax.vmap(learning.keep_if_finite)(jnp.array([True, False]),
+                                            jax.tree.map(lambda x: jnp.stack([x, x]), new),
+                                            jax.tree.map(lambda x: jnp.stack([x, x]), old))
   np.testing.assert_array_equal(got["w"], np.stack([new["w"], old["w"]]))
+
+
+def test_global_norm_in_one_reduction_is_optax_global_norm_and_sees_non_finite_leaves():
+  tree = {"w": jnp.arange(12.0).reshape(3, 4) - 5.0, "b": jnp.array([0.5, -2.0]),
+          "s": jnp.float32(3.0)}
+  norm = jax.jit(trees.global_norm)
+  # By hand: sum of w**2 over -5..6 is 146, plus 0.25 + 4 + 9.
+  np.testing.assert_allclose(norm(tree), np.sqrt(146 + 0.25 + 4 + 9), rtol=1e-6)
+  np.testing.assert_allclose(norm(tree), optax.global_norm(tree), rtol=1e-6)
+  assert not np.isfinite(norm({**tree, "s": jnp.float32(np.inf)}))
+  assert not np.isfinite(norm({**tree, "b": jnp.array([np.nan, 0.0])}))
+
+
+def test_building_for_sets_the_target_platform_within_its_block_only():
+  default = jax.default_backend()
+  assert xla_setup.target_platform() == default
+  with xla_setup.building_for("gpu"):
+    assert xla_setup.target_platform() == "gpu"
+    with xla_setup.building_for("tpu"):
+      assert xla_setup.target_platform() == "tpu"
+    assert xla_setup.target_platform() == "gpu"
+  assert xla_setup.target_platform() == default

@@ -19,8 +19,10 @@ from acme_jax_dqn import anakin
 from acme_jax_dqn import checkpointing
 from acme_jax_dqn import envs
 from acme_jax_dqn import specs
+from acme_jax_dqn import xla_setup
 from acme_jax_dqn.adders import NStepTransitionAdder
 from acme_jax_dqn.types import Transition
+from agents.dqn import seed_layout
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import ConfigError, DQNConfig
 from agents.dqn.experiment import ExperimentConfig, run_experiment
@@ -177,11 +179,35 @@ def test_warmup_as_loops_trains_what_the_per_iteration_conditional_trains(num_se
   assert np.all(np.isnan(rows_loops[1]["loss"])) and np.all(np.isfinite(rows_loops[2]["loss"]))
 
 
+def test_an_accelerator_runs_the_warmup_as_loops_for_one_seed_and_the_cpu_a_conditional():
+  """On the CPU one seed's chunk keeps the conditional on the iteration index; traced for a
+  GPU it has none (the warm-up is a loop of its own), and a batch of seeds has none on either."""
+  config = _tiny_config(min_replay_size=300)
+  env = envs.make_jax_environment("gymnax:CartPole-v1")
+
+  def chunk_jaxpr(batched):
+    builder = DQNBuilder(config)
+    trainer = builder.make_anakin(env, builder.make_networks(env.spec), eval_episodes=2)
+    warmup = (anakin.chunk_warmup(trainer, 0, 4) if seed_layout.warmup_loops(batched)
+              else None)
+    chunk = seed_layout.over_seeds(functools.partial(
+        trainer.train_chunk, num_iterations=4, warmup=warmup), batched, in_axes=(0, None))
+    keys = jnp.stack([jax.random.PRNGKey(s) for s in range(1 + batched)])
+    state = jax.eval_shape(seed_layout.over_seeds(trainer.init, batched), keys)
+    return str(jax.make_jaxpr(chunk)(state, np.int32(0)))
+
+  assert not seed_layout.warmup_loops(False) and seed_layout.warmup_loops(True)
+  assert " cond[" in chunk_jaxpr(False)
+  assert " cond[" not in chunk_jaxpr(True)
+  with xla_setup.building_for("gpu"):
+    assert seed_layout.warmup_loops(False)
+    assert " cond[" not in chunk_jaxpr(False)
+
+
 def test_a_device_with_a_batch_of_seeds_runs_the_warmup_as_loops(tmp_path, monkeypatch):
   """Two seeds on one CPU device: chunk 0 (124 warm-up iterations, then learning) and the
   learning chunks after it are two programs; the run trains what the per-iteration
   conditional trains (same parameters, same learner steps)."""
-  from agents.dqn import seed_layout  # pylint: disable=import-outside-toplevel
   warmups_planned = []
   original = anakin.chunk_warmup
   monkeypatch.setattr(anakin, "chunk_warmup",
@@ -381,7 +407,6 @@ def test_one_cpu_core_run_completes_and_affinity_is_restored(tmp_path):
     summary = json.load(f)
   assert summary["experiment"]["one_cpu_core"] and summary["env_steps"] > 0
   # In this process the CPU client exists already: nothing changes, and it says so.
-  from acme_jax_dqn import xla_setup  # pylint: disable=import-outside-toplevel
   jax.devices()
   before = os.sched_getaffinity(0)
   assert xla_setup.run_xla_on_one_cpu_core() is False
@@ -490,6 +515,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 from acme_jax_dqn import envs
 from agents.dqn.seed_layout import over_seeds as _over_seeds, per_device as _per_device
+from agents.dqn import seed_layout
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import DQNConfig
 
@@ -554,7 +580,6 @@ def test_seeds_whose_state_cannot_fit_in_memory_are_refused_before_compiling(tmp
 
 def test_jax_batches_rbg_bits_from_the_first_key_so_such_seeds_are_refused(tmp_path):
   """The JAX behaviour the check guards against, and the check, before any compile."""
-  from acme_jax_dqn import xla_setup  # pylint: disable=import-outside-toplevel
   for impl, independent in (("threefry2x32", True), ("unsafe_rbg", False), ("rbg", False)):
     with xla_setup.prng_impl(impl):
       keys = jnp.stack([jax.random.PRNGKey(0), jax.random.PRNGKey(1)])
