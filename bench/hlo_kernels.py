@@ -14,7 +14,9 @@ branch. A chunk that runs its learning warm-up as a loop of its own
 (`seed_layout.warmup_loops`) is compiled twice, all learning and all
 warm-up, and each count read off its loop.
 
-`--target=cpu` reads the CPU backend's HLO. `--target=h200` compiles both
+`--target=local` (the default) compiles for JAX's default backend: this
+host's CPU, or the GPU of a GPU machine (there with XLA's autotuning).
+`--target=h200` compiles both
 programs for an H200 on this host, with no GPU: XLA's GPU compiler reads
 the device description in bench/gpu_targets/h200.txtpb, and the kit
 traces its programs as for a GPU (`xla_setup.building_for`). What that
@@ -64,11 +66,12 @@ launch_flags.define_flags()
 flags.DEFINE_string("purejaxrl_dir", "", "A checkout of luchris429/purejaxrl (its purejaxrl/dqn.py "
                     "is compiled beside ours); empty: ours only.")
 flags.DEFINE_integer("iterations", 4, "Iterations in the compiled chunk (any; the body is the same).")
-flags.DEFINE_enum("target", "cpu", ["cpu", "h200"], "The device to compile for: this host's "
-                  "CPU, or an H200 compiled for on this host with no GPU (needs JAX's CUDA "
-                  "plugin; see the module's docstring).")
+flags.DEFINE_enum("target", "local", ["local", "h200"], "The device to compile for: JAX's "
+                  "default backend here, or an H200, compiled for on a host with no GPU "
+                  "(needs JAX's CUDA plugin; see the module's docstring).")
 flags.DEFINE_string("out", None, "Markdown table to write ('' : none; default "
-                    "bench/results/hlo_kernels.md, or hlo_kernels_<target>.md for a GPU).")
+                    "bench/results/hlo_kernels.md on the CPU, else hlo_kernels_<target or "
+                    "backend>.md).")
 FLAGS = flags.FLAGS
 GPU_TARGETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_targets")
 
@@ -243,7 +246,10 @@ def purejaxrl_hlo(checkout: str, place: Callable) -> Tuple[str, None, float, flo
 def main(argv):
   del argv
   target = FLAGS.target
-  place, platform = (gpu_placement(target), "gpu") if target != "cpu" else (lambda t: t, "cpu")
+  if target == "local":
+    place, platform = (lambda tree: tree), jax.default_backend()
+  else:
+    place, platform = gpu_placement(target), "gpu"
   flagfiles = [os.path.basename(a.split("=", 1)[1]) for a in sys.argv
                if a.startswith("--flagfile=")]
   programs = {f"ours ({', '.join(flagfiles) or 'default flags'})": ours_hlo(place, platform)}
@@ -269,10 +275,14 @@ def main(argv):
         counts.get("custom-call", 0), counts.get("while", 0), counts.get("conditional", 0)])
                     + " |")
   seeds = f"{FLAGS.num_seeds} seed{'s' if FLAGS.num_seeds > 1 else ''} on one device"
-  backend = ("the optimized CPU HLO. The CPU backend keeps threefry's rounds as loops, which "
-             "a GPU fuses, so PRNG work weighs more here" if target == "cpu" else
-             f"the optimized GPU HLO for an {target.upper()}, compiled on this host without "
-             f"one (bench/gpu_targets/{target}.txtpb)")
+  if target != "local":
+    backend = (f"the optimized GPU HLO for an {target.upper()}, compiled on this host without "
+               f"one (bench/gpu_targets/{target}.txtpb)")
+  elif platform == "cpu":
+    backend = ("the optimized CPU HLO. The CPU backend keeps threefry's rounds as loops, which "
+               "a GPU fuses, so PRNG work weighs more here")
+  else:
+    backend = f"the optimized HLO of this host's {jax.devices()[0].device_kind}"
   notes = ["compared: the top level of each program's scan body over iterations (fusions, "
            "unfused ops, custom calls, nested loops, conditionals), and the kernels one "
            "iteration runs (a nested loop's body times its trip count; a conditional's "
@@ -289,7 +299,8 @@ def main(argv):
     print(note)
   out = FLAGS.out
   if out is None:
-    out = "bench/results/hlo_kernels" + ("" if target == "cpu" else f"_{target}") + ".md"
+    name = target if target != "local" else platform
+    out = "bench/results/hlo_kernels" + ("" if name == "cpu" else f"_{name}") + ".md"
   if out:
     harness.write_table(out, harness.command_line(), header, rows, notes=notes,
                         summary=harness.jax_here())
