@@ -104,8 +104,9 @@ class Anakin(NamedTuple):
       None a conditional on the iteration index decides, every iteration,
       whether it learns; with `warmup` = `chunk_warmup(anakin,
       first_iteration, num_iterations)` (static) the chunk runs its warm-up
-      iterations as one loop and the rest as another, with no conditional.
-      Both train the same parameters.
+      iterations as one loop and the rest as another, with no conditional,
+      each summing its metrics in its carry. Both train the same
+      parameters, and their chunk metrics agree to float rounding.
     evaluate: (params, key) -> returns [eval_episodes] of the greedy policy.
     learn: state -> (state, metrics); the learner calls of one iteration.
     learner_step: the kit's `learner_step(state, buffer)`, shared with the local Learner.

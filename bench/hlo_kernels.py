@@ -39,13 +39,11 @@ their `or`), `wandb`, which it imports but does not use here, is a
 stand-in module, and `jax.tree_map` (gone from jax 0.6 on) is `jax.tree.map`.
 """
 
-import collections
 import json
 import math
 import os
-import re
 import sys
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 from absl import app
 from absl import flags
@@ -59,6 +57,7 @@ from agents.dqn import anakin as anakin_mode  # pylint: disable=wrong-import-pos
 from agents.dqn import seed_layout  # pylint: disable=wrong-import-position
 from agents.dqn.builder import DQNBuilder  # pylint: disable=wrong-import-position
 from bench import harness  # pylint: disable=wrong-import-position
+from bench import hlo_count  # pylint: disable=wrong-import-position
 from bench import purejaxrl_peer  # pylint: disable=wrong-import-position
 from launch import flags as launch_flags  # pylint: disable=wrong-import-position
 
@@ -74,104 +73,6 @@ flags.DEFINE_string("out", None, "Markdown table to write ('' : none; default "
                     "backend>.md).")
 FLAGS = flags.FLAGS
 GPU_TARGETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_targets")
-
-FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "opt-barrier",
-        "after-all", "partition-id", "replica-id"}
-_COMPUTATION = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
-_CALLED = re.compile(r"(body|condition|calls|to_apply|true_computation|false_computation)="
-                     r"%?([\w.\-]+)")
-_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
-_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
-
-
-def _opcode(rhs: str) -> str:
-  """The opcode of an instruction's right-hand side: the word after its shape."""
-  if rhs.startswith("("):  # A tuple shape: skip to its closing parenthesis.
-    depth = 0
-    for i, char in enumerate(rhs):
-      depth += {"(": 1, ")": -1}.get(char, 0)
-      if depth == 0:
-        rhs = rhs[i + 1:]
-        break
-  else:
-    rhs = rhs.split(" ", 1)[1] if " " in rhs else rhs
-  return rhs.strip().split("(", 1)[0]
-
-
-def parse_hlo(text: str) -> Tuple[str, Dict[str, List[str]]]:
-  """(the entry computation's name, {computation: its instruction lines})."""
-  computations: Dict[str, List[str]] = {}
-  entry, current = "", None
-  for line in text.splitlines():
-    match = _COMPUTATION.match(line)
-    if match and " = " not in line:
-      current = match.group(2)
-      computations[current] = []
-      if match.group(1):
-        entry = current
-    elif current is not None and " = " in line:
-      computations[current].append(line.strip())
-    elif line.startswith("}"):
-      current = None
-  return entry, computations
-
-
-def kernels(name: str, computations: Dict[str, List[str]]) -> Dict[str, int]:
-  """Counts of `name`'s instructions by kind, and what one call of it runs.
-
-  `per_iteration` counts a conditional's largest branch (an iteration that
-  learns, say); `per_iteration_min` its smallest (one that does not).
-  """
-  counts = collections.Counter(per_iteration=0, per_iteration_min=0)
-  totals = ("per_iteration", "per_iteration_min")
-  for line in computations[name]:
-    rhs = line.split(" = ", 1)[1]
-    opcode = _opcode(rhs)
-    called = dict(_CALLED.findall(line))
-    if opcode in FREE:
-      continue
-    if opcode == "while":
-      counts["while"] += 1
-      trips = _TRIPS.search(line)
-      body = kernels(called["body"], computations)
-      condition = kernels(called["condition"], computations)
-      for total in totals:
-        counts[total] += (int(trips.group(1)) if trips else 1) * (
-            body[total] + condition[total]) + 1
-    elif opcode == "conditional":
-      counts["conditional"] += 1
-      branches = _BRANCHES.search(line)
-      names = ([b.strip().lstrip("%") for b in branches.group(1).split(",")] if branches else
-               [called[k] for k in ("true_computation", "false_computation") if k in called])
-      runs = [kernels(b, computations) for b in names]
-      counts["per_iteration"] += 1 + max(r["per_iteration"] for r in runs)
-      counts["per_iteration_min"] += 1 + min(r["per_iteration_min"] for r in runs)
-    elif opcode == "call":
-      callee = kernels(called["to_apply"], computations)
-      for total in totals:
-        counts[total] += callee[total]
-    else:
-      counts["fusion" if opcode == "fusion" else
-             "custom-call" if opcode == "custom-call" else "unfused"] += 1
-      for total in totals:
-        counts[total] += 1
-  return dict(counts)
-
-
-def iteration_body(text: str) -> Dict[str, int]:
-  """The counts of the body of the entry's longest-running loop (the scan over iterations)."""
-  entry, computations = parse_hlo(text)
-  loops = [line for line in computations[entry] if _opcode(line.split(" = ", 1)[1]) == "while"]
-  if not loops:
-    raise SystemExit("No loop in the program's entry computation: nothing to count.")
-  best = max(loops, key=lambda line: int((_TRIPS.search(line) or [0, "0"])[1]))
-  called = dict(_CALLED.findall(best))
-  counts = kernels(called["body"], computations)
-  condition = kernels(called["condition"], computations)
-  for total in ("per_iteration", "per_iteration_min"):
-    counts[total] += condition[total]
-  return counts
-
 
 def gpu_placement(target: str) -> Callable:
   """A function that places a tree of shapes on one `target` device, made without the device.
@@ -262,9 +163,9 @@ def main(argv):
   rows = []
   results = {}
   for name, (text, warmup_text, steps, learning) in programs.items():
-    counts = iteration_body(text)
+    counts = hlo_count.iteration_body(text)
     if warmup_text is not None:  # The warm-up's own loop: what an iteration that does not learn runs.
-      counts["per_iteration_min"] = iteration_body(warmup_text)["per_iteration"]
+      counts["per_iteration_min"] = hlo_count.iteration_body(warmup_text)["per_iteration"]
     counts["per_1000_steps"] = round(1000 * (learning * counts["per_iteration"] + (
         1 - learning) * counts["per_iteration_min"]) / steps)
     results[name] = counts

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from bench import hlo_count
 from bench import purejaxrl_peer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -225,8 +226,7 @@ ENTRY %main (a: (s32[], f32[])) -> (s32[], f32[]) {
 
 
 def test_hlo_kernels_counts_what_one_iteration_runs_in_a_small_hand_counted_module():
-  from bench import hlo_kernels  # pylint: disable=import-outside-toplevel
-  counts = hlo_kernels.iteration_body(_HLO)
+  counts = hlo_count.iteration_body(_HLO)
   # Top level of the body: one fusion, one copy (unfused), one loop, one conditional.
   assert (counts["fusion"], counts["unfused"], counts["while"], counts["conditional"]) == (
       1, 1, 1, 1)

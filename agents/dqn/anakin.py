@@ -8,10 +8,10 @@ devices), compiles the init, the training chunk and the evaluation side by
 side ahead of time (that is `compile_s`; on a GPU or TPU the evaluation may
 finish compiling while training runs), then runs the chunks: each is one
 call on the device (one advance of the run loop), after which one row of
-metrics comes back for the terminal and train.csv. A device with a batch of
-seeds runs each chunk's learning warm-up as a loop of its own
-(`seed_layout.warmup_loops`): the chunks before, across and after the start
-of learning are then up to three programs. Each program compiles on a thread
+metrics comes back for the terminal and train.csv. A GPU or TPU, and a CPU
+device with a batch of seeds, run each chunk's learning warm-up as a loop
+of its own (`seed_layout.warmup_loops`): the chunks before, across and
+after the start of learning are then up to three programs. Each program compiles on a thread
 of its own as soon as it is lowered, the init and the first chunk first; a
 CPU run waits for all of them before training, an accelerator only for those two.
 """
