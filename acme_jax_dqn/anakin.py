@@ -236,9 +236,12 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
     # The warm-up and the learning iterations each run as a loop of their own, which sums
     # its stats and metrics in its carry: a chunk's row needs only the sums, and on a GPU a
     # stacked output is one more write kernel per metric in every iteration.
-    stats = zeros_of_output(act_iteration, state)
+    if not 0 <= warmup <= num_iterations:
+      raise ValueError(f"warmup={warmup}: between 0 and num_iterations={num_iterations}.")
     if warmup:
       state, stats = summed_scan(act_iteration, state, warmup)
+    else:
+      stats = zeros_of_output(act_iteration, state)
     learning = num_iterations - warmup
     if learning:
       state, (learn_stats, sums) = summed_scan(learn_iteration, state, learning)
@@ -263,15 +266,16 @@ def zeros_of_output(body, state):
 
 def summed_scan(body, state, length: int):
   """`length` calls of `body(state, None) -> (state, out)` in one loop; returns the state and
-  the outputs summed in the loop's carry, as one vector (one add per call, not a write per
-  leaf per call as stacked outputs would be)."""
-  _, unravel = flatten_util.ravel_pytree(zeros_of_output(body, state))
+  the outputs summed in the loop's carry, as one float32 vector (one add per call, not a
+  write per leaf per call as stacked outputs would be). The sums come back as float32
+  leaves of the outputs' shapes (integer counts stay exact up to 2**24)."""
+  as_float = lambda tree: jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)
+  zeros, unravel = flatten_util.ravel_pytree(as_float(zeros_of_output(body, state)))
 
   def step(carry, _):
     state, total = carry
     state, out = body(state, None)
-    return (state, total + flatten_util.ravel_pytree(out)[0]), None
-  zeros = flatten_util.ravel_pytree(zeros_of_output(body, state))[0]
+    return (state, total + flatten_util.ravel_pytree(as_float(out))[0]), None
   (state, total), _ = jax.lax.scan(step, (state, zeros), None, length=length)
   return state, unravel(total)
 

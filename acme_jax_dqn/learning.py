@@ -38,13 +38,34 @@ def make_learning_rate(learning_rate: float, schedule: str = "constant",
                    f"choose one of {LR_SCHEDULES}.")
 
 
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+  """`optax.clip_by_global_norm` with the norm of `trees.global_norm` (one reduction).
+
+  The learner step takes the same norm of the same gradients for its
+  non-finite guard and its metric, so XLA computes it once for both; with
+  optax's own norm beside it the step ran two (2 more kernels per learning
+  iteration compiled for an H200, bench/hlo_kernels.py --target=h200
+  --max_grad_norm=10). Same rule as optax's: updates whose norm reaches
+  `max_norm` are scaled to it; the same (empty) state, so checkpoints keep
+  their tree.
+  """
+  def update(updates, state, params=None):
+    del params
+    norm = trees.global_norm(updates)
+    keep = norm < max_norm
+    return jax.tree.map(lambda t: jnp.where(keep, t, t / norm.astype(t.dtype) * max_norm),
+                        updates), state
+
+  return optax.GradientTransformation(lambda params: optax.ClipByGlobalNormState(), update)
+
+
 def make_optimizer(learning_rate, max_grad_norm: float = 10.0,
                    adam_eps: float = 1e-8,
                    gradient_accumulation_steps: int = 1) -> optax.GradientTransformation:
   """Global-norm clipping (0 turns it off) then Adam, optionally accumulated over k steps."""
   parts = []
   if max_grad_norm > 0:
-    parts.append(optax.clip_by_global_norm(max_grad_norm))
+    parts.append(clip_by_global_norm(max_grad_norm))
   parts.append(optax.adam(learning_rate, eps=adam_eps))
   optimizer = optax.chain(*parts)
   if gradient_accumulation_steps > 1:

@@ -1,4 +1,5 @@
-"""Pytrees across jit boundaries: packed into one array per dtype, copied, metrics stacked."""
+"""Pytrees across jit boundaries: packed into one array per dtype, copied, metrics stacked;
+the global norm of a tree in one reduction."""
 
 from typing import Any, Dict, List, Tuple
 

@@ -5,8 +5,8 @@
 
 Before its first chunk an anakin run lowers and compiles its programs:
 the init, the first training chunk, the evaluation, and the chunks whose
-learning warm-up differs (a device with a batch of seeds runs the warm-up
-as a loop of its own). `AnakinSource`, which launch.run_dqn builds, queues
+learning warm-up differs (an accelerator, and a CPU device with a batch
+of seeds, run the warm-up as a loop of its own). `AnakinSource`, which launch.run_dqn builds, queues
 each compile in that order as soon as the program is lowered, on
 `compile_workers` threads (default: all side by side). This bench builds
 it with the command's run flags (seeds split over devices as run_dqn

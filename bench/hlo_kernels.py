@@ -6,13 +6,17 @@
 On a GPU a small iteration's time is set by how many kernels it launches
 and by the host round trips of loop and cond predicates, not by its
 arithmetic. This counts them, without a GPU, in the optimized HLO of the
-program that runs the iterations (one seed): the body of its scan over
+program that runs the iterations (`--num_seeds` on one device, laid out
+as launch.run_dqn lays out a device's block): the body of its scan over
 iterations, by kind (fusions, unfused ops, custom calls, nested loops and
 conditionals), and a total per iteration that counts a nested loop's body
 once per trip (XLA's `known_trip_count`) and a conditional's largest
 branch. A chunk that runs its learning warm-up as a loop of its own
 (`seed_layout.warmup_loops`) is compiled twice, all learning and all
 warm-up, and each count read off its loop.
+
+Prioritized replay is counted with `--target=local` only: flashbax builds
+its sum tree for the devices it finds.
 
 `--target=local` (the default) compiles for JAX's default backend: this
 host's CPU, or the GPU of a GPU machine (there with XLA's autotuning).
@@ -113,7 +117,7 @@ def ours_hlo(place: Callable, platform: str) -> Tuple[str, Optional[str], float,
   # The program a run with every seed on one device compiles: unbatched for one seed (vmapped
   # under an RngBitGenerator PRNG), with the learning warm-up as a conditional or a loop of
   # its own (agents/dqn/anakin.py).
-  batched = num_seeds > 1 or experiment.prng_impl in seed_layout.RBG_IMPLS
+  batched = seed_layout.runs_batched(num_seeds, experiment.prng_impl)
   with xla_setup.building_for(platform), xla_setup.prng_impl(experiment.prng_impl):
     builder = DQNBuilder(config)
     trainer = builder.make_anakin(env, builder.make_networks(env.spec))
@@ -147,6 +151,11 @@ def purejaxrl_hlo(checkout: str, place: Callable) -> Tuple[str, None, float, flo
 def main(argv):
   del argv
   target = FLAGS.target
+  if target != "local" and FLAGS.prioritized:
+    # flashbax picks its sum-tree code from the devices it finds, and this host has no GPU.
+    harness.bad_input(f"--target={target} with --prioritized: flashbax builds prioritized "
+                      "replay for the devices it finds, which here are CPUs. Count it with "
+                      "--target=local on a GPU machine, or drop --prioritized.")
   if target == "local":
     place, platform = (lambda tree: tree), jax.default_backend()
   else:

@@ -67,8 +67,7 @@ def ours_program(experiment, config):
                                 experiment.eval_episodes)
   plan = AnakinPlan(trainer, config, experiment)
   num_seeds = experiment.num_seeds
-  # run_dqn's rule: an RngBitGenerator PRNG keeps the vmapped program even for one seed.
-  batched = num_seeds > 1 or experiment.prng_impl in seed_layout.RBG_IMPLS
+  batched = seed_layout.runs_batched(num_seeds, experiment.prng_impl)  # run_dqn's rule.
   seeds = [experiment.seed + i for i in range(num_seeds)]
   keys = np.stack([np.asarray(jax.random.PRNGKey(s)) for s in seeds])
   eval_keys = np.stack([np.asarray(seeding.derive_key(s, seeding.Stream.EVAL_KEYS))

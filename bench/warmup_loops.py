@@ -14,7 +14,8 @@ copied to the host (no evaluation). The two are called alternately, a
 warm-up pair first; each pair gives a ratio (env steps/s, loops over
 conditional) and the table prints the median and whether both trained the
 same parameters and metrics. `seed_layout.warmup_loops` picks between
-them from these measurements.
+them on the CPU from these measurements (on an accelerator from the
+kernel counts of bench/hlo_kernels.py, until this bench runs there).
 """
 
 import os
@@ -53,7 +54,7 @@ def programs(experiment, config, num_seeds: int):
   trainer = builder.make_anakin(env, builder.make_networks(env.spec, experiment.env),
                                 experiment.eval_episodes)
   plan = AnakinPlan(trainer, config, experiment)
-  batched = num_seeds > 1 or experiment.prng_impl in seed_layout.RBG_IMPLS
+  batched = seed_layout.runs_batched(num_seeds, experiment.prng_impl)
   keys = np.stack([np.asarray(jax.random.PRNGKey(experiment.seed + i))
                    for i in range(num_seeds)])
   init_fn = jax.jit(seed_layout.over_seeds(trainer.init, batched))

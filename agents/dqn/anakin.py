@@ -213,15 +213,14 @@ class AnakinSource(Source):
         networks_lib.choose_torso(env.spec.observations.shape, config.torso),
         saved_devices, experiment.one_cpu_core)
     seed_layout.check_independent_seeds(experiment, mesh.size)
-    # One seed per device runs unbatched, except under an RngBitGenerator PRNG: there the
-    # batched and unbatched programs draw different bits, and a seed keeps the stream it had.
-    batched = num_seeds // mesh.size > 1 or experiment.prng_impl in seed_layout.RBG_IMPLS
+    batched = seed_layout.runs_batched(num_seeds // mesh.size, experiment.prng_impl)
     init = jax.jit(seed_layout.per_device(seed_layout.over_seeds(trainer.init, batched), mesh,
                                           P("seeds")))
     state_shape = jax.eval_shape(init, train_keys)
     seed_layout.check_memory(state_shape, mesh, num_seeds, config)
-    # A device with a batch of seeds runs the learning warm-up as loops of its own
-    # (seed_layout.warmup_loops): up to three chunk programs, one per warm-up length.
+    # An accelerator, and a CPU device with a batch of seeds, run the learning warm-up as
+    # loops of its own (seed_layout.warmup_loops): up to three chunk programs, one per
+    # warm-up length.
     self._warmups = plan.chunk_warmups(trainer, seed_layout.warmup_loops(batched))
 
     def lower_chunk(warmup):

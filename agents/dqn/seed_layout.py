@@ -56,6 +56,16 @@ def seed_mesh(num_seeds: int, cpu_devices: int, torso: str,
 RBG_IMPLS = ("rbg", "unsafe_rbg")
 
 
+def runs_batched(seeds_per_device: int, prng_impl: str) -> bool:
+  """Whether a device's block of seeds runs vmapped (`over_seeds`' `batched`).
+
+  One seed per device runs unbatched, except under an RngBitGenerator PRNG:
+  there the batched and unbatched programs draw different bits, and a seed
+  keeps the stream it had.
+  """
+  return seeds_per_device > 1 or prng_impl in RBG_IMPLS
+
+
 def check_independent_seeds(experiment: ExperimentConfig, seed_devices: int) -> None:
   """Refuses an RngBitGenerator PRNG with several seeds vmapped on one device.
 
@@ -127,9 +137,9 @@ def warmup_loops(batched: bool) -> bool:
   copies every seed's parameters and optimizer state out of its branch each
   iteration: with 32 seeds vmapped on one CPU device (the PureJaxRL preset,
   100,000 env steps) the loops ran 1.07x the conditional's env steps/s and
-  compiled in 5.0 s against 4.3 s. With one seed per device the conditional
-  stays: there the learner inside its branch ran faster on the CPU's two
-  threads (the loops ran 0.84x). On an accelerator the loops run for every
+  compiled in 5.0 s against 4.3 s. With one seed on a CPU device the
+  conditional stays: there the learner inside its branch ran faster on the
+  CPU's two threads (the loops ran 0.84x). On an accelerator the loops run for every
   seed count: there the conditional also waits each iteration for its
   predicate on the host, and compiled for an H200 the iteration that learns
   runs fewer kernels without it (bench/hlo_kernels.py --target=h200). Both

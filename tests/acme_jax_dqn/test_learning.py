@@ -336,3 +336,15 @@ def test_building_for_sets_the_target_platform_within_its_block_only():
       assert xla_setup.target_platform() == "tpu"
     assert xla_setup.target_platform() == "gpu"
   assert xla_setup.target_platform() == default
+
+
+@pytest.mark.parametrize("max_norm", [1.0, 100.0])
+def test_clip_by_global_norm_clips_as_optax_does_and_keeps_its_state(max_norm):
+  """Norm 13 (by hand: 3, 4 and 12 squared sum to 169): scaled to 1, or left as it is."""
+  grads = {"a": jnp.array([3.0, 4.0]), "b": jnp.array([[12.0]])}
+  ours, theirs = learning.clip_by_global_norm(max_norm), optax.clip_by_global_norm(max_norm)
+  assert jax.tree.structure(ours.init(grads)) == jax.tree.structure(theirs.init(grads))
+  got, _ = jax.jit(ours.update)(grads, ours.init(grads))
+  want, _ = theirs.update(grads, theirs.init(grads))
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6), got, want)
+  np.testing.assert_allclose(trees.global_norm(got), min(13.0, max_norm), rtol=1e-6)

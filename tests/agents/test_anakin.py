@@ -179,29 +179,45 @@ def test_warmup_as_loops_trains_what_the_per_iteration_conditional_trains(num_se
   assert np.all(np.isnan(rows_loops[1]["loss"])) and np.all(np.isfinite(rows_loops[2]["loss"]))
 
 
+def test_summed_scan_sums_every_leaf_of_the_outputs_in_float32():
+  def body(count, _):  # Outputs 1, 2, 3 (float), their squares (int) and whether odd (bool).
+    count = count + 1
+    return count, {"x": count.astype(jnp.float32), "sq": (count * count)[None],
+                   "odd": count % 2 == 1}
+  count, sums = jax.jit(lambda c: anakin.summed_scan(body, c, 3))(jnp.int32(0))
+  assert int(count) == 3
+  assert float(sums["x"]) == 6.0 and sums["sq"].shape == (1,) and float(sums["sq"][0]) == 14.0
+  assert float(sums["odd"]) == 2.0  # A count, not an "or".
+  assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(sums))
+
+
 def test_an_accelerator_runs_the_warmup_as_loops_for_one_seed_and_the_cpu_a_conditional():
-  """On the CPU one seed's chunk keeps the conditional on the iteration index; traced for a
-  GPU it has none (the warm-up is a loop of its own), and a batch of seeds has none on either."""
-  config = _tiny_config(min_replay_size=300)
+  """A chunk of 4 iterations across the start of learning (2 warm-up, 2 learning), as the run
+  builds it. On the CPU one seed's chunk keeps the conditional on the iteration index and
+  the non-finite guard's conditional; traced for a GPU it has neither (the warm-up is a loop
+  of its own, the guard a select). A batch of seeds has no conditional on either."""
+  from agents.dqn import anakin as anakin_mode  # pylint: disable=import-outside-toplevel
+  config = _tiny_config(min_replay_size=300)  # 4 inserts per iteration: iteration 74 learns.
   env = envs.make_jax_environment("gymnax:CartPole-v1")
 
   def chunk_jaxpr(batched):
     builder = DQNBuilder(config)
     trainer = builder.make_anakin(env, builder.make_networks(env.spec), eval_episodes=2)
-    warmup = (anakin.chunk_warmup(trainer, 0, 4) if seed_layout.warmup_loops(batched)
+    warmup = (anakin.chunk_warmup(trainer, 72, 4) if seed_layout.warmup_loops(batched)
               else None)
-    chunk = seed_layout.over_seeds(functools.partial(
-        trainer.train_chunk, num_iterations=4, warmup=warmup), batched, in_axes=(0, None))
+    assert warmup in (None, 2)
+    chunk = anakin_mode.chunk_fn(trainer, 4, warmup, batched)
     keys = jnp.stack([jax.random.PRNGKey(s) for s in range(1 + batched)])
     state = jax.eval_shape(seed_layout.over_seeds(trainer.init, batched), keys)
-    return str(jax.make_jaxpr(chunk)(state, np.int32(0)))
+    return str(jax.make_jaxpr(chunk)(state, np.int32(72)))
 
   assert not seed_layout.warmup_loops(False) and seed_layout.warmup_loops(True)
-  assert " cond[" in chunk_jaxpr(False)
+  assert chunk_jaxpr(False).count(" cond[") == 2  # The warm-up's and the guard's.
   assert " cond[" not in chunk_jaxpr(True)
   with xla_setup.building_for("gpu"):
     assert seed_layout.warmup_loops(False)
-    assert " cond[" not in chunk_jaxpr(False)
+    gpu = chunk_jaxpr(False)
+    assert " cond[" not in gpu and gpu.count(" scan[") >= 2  # Two loops, no conditional.
 
 
 def test_a_device_with_a_batch_of_seeds_runs_the_warmup_as_loops(tmp_path, monkeypatch):

@@ -5,9 +5,13 @@ PQN, which has no distributed mode, is refused there before anything is built.
 
 import math
 
+import jax
+import numpy as np
 import pytest
 
+from acme_jax_dqn import envs
 from agents.dqn import ConfigError, DQNConfig
+from agents.dqn.builder import DQNBuilder
 from agents.dqn.experiment import ExperimentConfig, run_experiment
 
 TINY = dict(hidden_sizes=(16,), batch_size=16, min_replay_size=200, replay_capacity=1000,
@@ -57,3 +61,24 @@ def test_pqn_is_refused_in_distributed_mode(tmp_path):
                                     total_steps=600, logdir=str(tmp_path), quiet=True,
                                     compilation_cache_dir=""),
                    DQNConfig(**TINY, pqn=True))
+
+
+def test_a_pqn_chunk_row_holds_the_means_and_sums_of_its_iterations():
+  """A chunk of two iterations trains what two chunks of one train; its learner metrics are
+  the mean of theirs, its episode counts and returns their sum."""
+  env = envs.make_jax_environment("gymnax:CartPole-v1")
+  builder = DQNBuilder(DQNConfig(**TINY, **VARIANTS["pqn_dueling"]))
+  trainer = builder.make_anakin(env, builder.make_networks(env.spec), eval_episodes=1)
+  state = jax.jit(trainer.init)(jax.random.PRNGKey(3))
+  one = jax.jit(lambda s, i: trainer.train_chunk(s, i, 1))
+  two_state, two = jax.jit(lambda s, i: trainer.train_chunk(s, i, 2))(state, 0)
+  state_a, a = one(state, 0)
+  state_b, b = one(state_a, 1)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7),
+               two_state.learner.online_params, state_b.learner.online_params)
+  assert float(b["episodes"]) > 0  # 2 x 64 CartPole steps end an episode or more.
+  for name in ("episode_return_sum", "episodes"):
+    np.testing.assert_allclose(two[name], a[name] + b[name], rtol=1e-6)
+  for name in ("loss", "q_mean", "td_error_abs_mean"):
+    np.testing.assert_allclose(two[name], (a[name] + b[name]) / 2, rtol=1e-5)
+  assert int(two["env_steps"]) == int(b["env_steps"]) == 2 * 4 * 16
