@@ -1,7 +1,7 @@
 """Learning: the optimiser, a pure `sgd_step`, target updates, and Acme's `Learner` shell."""
 
 import itertools
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import chex
 import jax
@@ -38,25 +38,16 @@ def make_learning_rate(learning_rate: float, schedule: str = "constant",
                    f"choose one of {LR_SCHEDULES}.")
 
 
-def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
-  """`optax.clip_by_global_norm` with the norm of `trees.global_norm` (one reduction).
+def gradient_norm_fn(max_grad_norm: float) -> Callable[[Any], chex.Array]:
+  """The learner step's gradient norm (its non-finite guard and `grad_norm` metric).
 
-  The learner step takes the same norm of the same gradients for its
-  non-finite guard and its metric, so XLA computes it once for both; with
-  optax's own norm beside it the step ran two (2 more kernels per learning
-  iteration compiled for an H200, bench/hlo_kernels.py --target=h200
-  --max_grad_norm=10). Same rule as optax's: updates whose norm reaches
-  `max_norm` are scaled to it; the same (empty) state, so checkpoints keep
-  their tree.
+  With clipping (`max_grad_norm` > 0) it is the norm `optax.clip_by_global_norm`
+  takes, the same expression on the same gradients, so XLA computes it once
+  for both. Without, it is `trees.global_norm`, one reduction over every
+  leaf (on a GPU one kernel instead of one per leaf). The parameters do not
+  depend on this choice; the metric agrees to float rounding.
   """
-  def update(updates, state, params=None):
-    del params
-    norm = trees.global_norm(updates)
-    keep = norm < max_norm
-    return jax.tree.map(lambda t: jnp.where(keep, t, t / norm.astype(t.dtype) * max_norm),
-                        updates), state
-
-  return optax.GradientTransformation(lambda params: optax.ClipByGlobalNormState(), update)
+  return optax.tree.norm if max_grad_norm > 0 else trees.global_norm
 
 
 def make_optimizer(learning_rate, max_grad_norm: float = 10.0,
@@ -65,7 +56,7 @@ def make_optimizer(learning_rate, max_grad_norm: float = 10.0,
   """Global-norm clipping (0 turns it off) then Adam, optionally accumulated over k steps."""
   parts = []
   if max_grad_norm > 0:
-    parts.append(clip_by_global_norm(max_grad_norm))
+    parts.append(optax.clip_by_global_norm(max_grad_norm))
   parts.append(optax.adam(learning_rate, eps=adam_eps))
   optimizer = optax.chain(*parts)
   if gradient_accumulation_steps > 1:
@@ -135,8 +126,12 @@ def init_training_state(networks: Networks, optimizer: optax.GradientTransformat
 
 
 def make_sgd_step(networks: Networks, loss_fn, optimizer: optax.GradientTransformation,
-                  target_update_period: int, target_update_tau: float) -> SGDStepFn:
+                  target_update_period: int, target_update_tau: float,
+                  gradient_norm: Callable[[Any], chex.Array] = optax.tree.norm) -> SGDStepFn:
   """Returns the pure `sgd_step(state, batch) -> (state, metrics)`.
+
+  `gradient_norm` takes the gradients' norm for the guard and the metric:
+  `gradient_norm_fn(max_grad_norm)` of the optimizer's clipping.
 
   `batch` is a `ReplaySample` (transitions and importance weights). The
   metrics hold scalars plus `priorities` [B], the new replay priorities.
@@ -173,7 +168,7 @@ def make_sgd_step(networks: Networks, loss_fn, optimizer: optax.GradientTransfor
     updates, opt_state = optimizer.update(grads, state.opt_state, state.online_params)
     online_params = optax.apply_updates(state.online_params, updates)
     steps = state.steps + 1
-    grad_norm = trees.global_norm(grads)  # Also the guard's test: a non-finite gradient.
+    grad_norm = gradient_norm(grads)  # Also the guard's test: a non-finite gradient.
     finite = jnp.isfinite(loss_value) & jnp.isfinite(grad_norm)
     online_params, opt_state = keep_if_finite(
         finite, (online_params, opt_state), (state.online_params, state.opt_state))

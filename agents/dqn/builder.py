@@ -90,7 +90,8 @@ class DQNBuilder:
     c = self.config
     return learning.make_sgd_step(networks, self.make_loss(),
                                   optimizer or self.make_optimizer(),
-                                  0 if c.pqn else c.target_update_period, c.target_update_tau)
+                                  0 if c.pqn else c.target_update_period, c.target_update_tau,
+                                  learning.gradient_norm_fn(c.max_grad_norm))
 
   def importance_sampling_schedule(self) -> optax.Schedule:
     c = self.config

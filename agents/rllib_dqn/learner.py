@@ -68,7 +68,8 @@ class JaxDQNLearner(DQNLearner):
     builder = DQNBuilder(kit)
     optimizer = builder.make_optimizer()
     # The target moves on RLlib's cadence (`after_gradient_based_update`), not in the step.
-    sgd_step = learning.make_sgd_step(module.networks, builder.make_loss(), optimizer, 0, 1.0)
+    sgd_step = learning.make_sgd_step(module.networks, builder.make_loss(), optimizer, 0, 1.0,
+                                      learning.gradient_norm_fn(kit.max_grad_norm))
     # The kit's priority post-processing: 0 for a non-finite TD error, plus epsilon.
     sample_step = learning.make_sample_step(sgd_step, kit.priority_epsilon)
     self._kit[module_id] = {

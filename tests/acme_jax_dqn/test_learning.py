@@ -338,13 +338,19 @@ def test_building_for_sets_the_target_platform_within_its_block_only():
   assert xla_setup.target_platform() == default
 
 
-@pytest.mark.parametrize("max_norm", [1.0, 100.0])
-def test_clip_by_global_norm_clips_as_optax_does_and_keeps_its_state(max_norm):
-  """Norm 13 (by hand: 3, 4 and 12 squared sum to 169): scaled to 1, or left as it is."""
-  grads = {"a": jnp.array([3.0, 4.0]), "b": jnp.array([[12.0]])}
-  ours, theirs = learning.clip_by_global_norm(max_norm), optax.clip_by_global_norm(max_norm)
-  assert jax.tree.structure(ours.init(grads)) == jax.tree.structure(theirs.init(grads))
-  got, _ = jax.jit(ours.update)(grads, ours.init(grads))
-  want, _ = theirs.update(grads, theirs.init(grads))
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6), got, want)
-  np.testing.assert_allclose(trees.global_norm(got), min(13.0, max_norm), rtol=1e-6)
+def test_the_learner_takes_the_norm_the_clipping_takes_or_one_reduction_without_clipping():
+  assert learning.gradient_norm_fn(10.0) is optax.tree.norm  # The clip's own expression.
+  assert learning.gradient_norm_fn(0.0) is trees.global_norm
+  # A clipped step trains as the clip alone would: the learner's norm feeds no parameter.
+  builder = DQNBuilder(DQNConfig(hidden_sizes=(8,), batch_size=4, max_grad_norm=0.01))
+  networks = builder.make_networks(specs.make_environment_spec(
+      FakeEnvironment(obs_dim=3, num_actions=2)))
+  optimizer = builder.make_optimizer()
+  state = learning.init_training_state(networks, optimizer, jax.random.PRNGKey(0))
+  steps = [jax.jit(learning.make_sgd_step(networks, builder.make_loss(), optimizer, 1, 1.0,
+                                          norm))(state, _batch(1.0))
+           for norm in (optax.tree.norm, trees.global_norm)]
+  jax.tree.map(np.testing.assert_array_equal, steps[0][0].online_params,
+               steps[1][0].online_params)
+  np.testing.assert_allclose(steps[0][1]["grad_norm"], steps[1][1]["grad_norm"], rtol=1e-6)
+  assert float(steps[0][1]["grad_norm"]) > 0.01  # The clip acted.
