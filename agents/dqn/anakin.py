@@ -11,9 +11,10 @@ call on the device (one advance of the run loop), after which one row of
 metrics comes back for the terminal and train.csv. A GPU or TPU, and a CPU
 device with a batch of seeds, run each chunk's learning warm-up as a loop
 of its own (`seed_layout.warmup_loops`): the chunks before, across and
-after the start of learning are then up to three programs. Each program compiles on a thread
-of its own as soon as it is lowered, the init and the first chunk first; a
-CPU run waits for all of them before training, an accelerator only for those two.
+after the start of learning are then up to three programs. Each program
+compiles on a thread of its own as soon as it is lowered, the init and the
+first chunk first; a CPU run waits for all of them before training, an
+accelerator only for those two.
 """
 
 import concurrent.futures
