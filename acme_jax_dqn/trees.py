@@ -54,9 +54,9 @@ def pack_metrics(metrics: Dict[str, jax.Array]) -> Tuple[Tuple[str, ...], jax.Ar
 
 
 def global_norm(tree: Any) -> jax.Array:
-  """The L2 norm of every leaf of `tree` together, as `optax.global_norm`, in one reduction.
+  """The L2 norm of every leaf of `tree` together, as `optax.tree.norm`, in one reduction.
 
-  `optax.global_norm` reduces each leaf on its own and adds the results: on
+  `optax.tree.norm` reduces each leaf on its own and adds the results: on
   a GPU one kernel per leaf. Here the leaves are joined first, so XLA
   reduces them in one (the learner step's norm without gradient clipping,
   compiled for an H200, bench/hlo_kernels.py --target=h200: 4 kernels fewer

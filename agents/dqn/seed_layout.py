@@ -139,12 +139,12 @@ def warmup_loops(batched: bool) -> bool:
   100,000 env steps) the loops ran 1.07x the conditional's env steps/s and
   compiled in 5.0 s against 4.3 s. With one seed on a CPU device the
   conditional stays: there the learner inside its branch ran faster on the
-  CPU's two threads (the loops ran 0.84x). On an accelerator the loops run for every
-  seed count: there the conditional also waits each iteration for its
-  predicate on the host, and compiled for an H200 the iteration that learns
-  runs fewer kernels without it (bench/hlo_kernels.py --target=h200). Both
-  structures train the same parameters (bench/warmup_loops.py,
-  bench/results/warmup_loops_cpu_*.md).
+  CPU's two threads (the loops ran 0.84x). On an accelerator the loops run
+  for every seed count: there the conditional also waits each iteration
+  for its predicate on the host, and compiled for an H200 the iteration
+  that learns runs fewer kernels without it (bench/hlo_kernels.py
+  --target=h200). Both structures train the same parameters
+  (bench/warmup_loops.py, bench/results/warmup_loops_cpu_*.md).
   """
   return batched or xla_setup.target_platform() != "cpu"
 

@@ -322,7 +322,7 @@ def test_global_norm_in_one_reduction_is_optax_global_norm_and_sees_non_finite_l
   norm = jax.jit(trees.global_norm)
   # By hand: sum of w**2 over -5..6 is 146, plus 0.25 + 4 + 9.
   np.testing.assert_allclose(norm(tree), np.sqrt(146 + 0.25 + 4 + 9), rtol=1e-6)
-  np.testing.assert_allclose(norm(tree), optax.global_norm(tree), rtol=1e-6)
+  np.testing.assert_allclose(norm(tree), optax.tree.norm(tree), rtol=1e-6)
   assert not np.isfinite(norm({**tree, "s": jnp.float32(np.inf)}))
   assert not np.isfinite(norm({**tree, "b": jnp.array([np.nan, 0.0])}))
 
