@@ -95,7 +95,7 @@ class Anakin(NamedTuple):
   Attributes:
     init: key -> AnakinState (params, empty replay, reset environments,
       and `fill_steps` env steps that fill the n-step window).
-    train_chunk: (state, first_iteration, num_iterations, warmup=None) ->
+    train_chunk: (state, first_iteration, num_iterations, warmup=None, unroll=1) ->
       (state, metrics); each iteration is `env_steps_per_iteration` env
       steps, then, once replay holds `min_replay_size` transitions,
       `learner_calls_per_iteration` learner steps. `first_iteration` counts
@@ -107,6 +107,8 @@ class Anakin(NamedTuple):
       iterations as one loop and the rest as another, with no conditional,
       each summing its metrics in its carry. Both train the same
       parameters, and their chunk metrics agree to float rounding.
+      `unroll` (static): iterations per step of those loops (`lax.scan`'s
+      unroll); the same computation in fewer, larger loop steps.
     evaluate: (params, key) -> returns [eval_episodes] of the greedy policy.
     learn: state -> (state, metrics); the learner calls of one iteration.
     learner_step: the kit's `learner_step(state, buffer)`, shared with the local Learner.
@@ -226,10 +228,10 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
     return state, (stats, metrics)
 
   def train_chunk(state: AnakinState, first_iteration: chex.Array, num_iterations: int,
-                  warmup: Optional[int] = None):
+                  warmup: Optional[int] = None, unroll: int = 1):
     if warmup is None:
       indices = first_iteration + jnp.arange(num_iterations, dtype=jnp.int32)
-      state, (stats, metrics, learned) = jax.lax.scan(iteration, state, indices)
+      state, (stats, metrics, learned) = jax.lax.scan(iteration, state, indices, unroll=unroll)
       sums = jax.tree.map(lambda m: jnp.sum(m * learned), metrics)
       return state, chunk_metrics(state, jax.tree.map(jnp.sum, stats), sums,
                                   jnp.sum(learned), epsilon_fn)
@@ -239,12 +241,12 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
     if not 0 <= warmup <= num_iterations:
       raise ValueError(f"warmup={warmup}: between 0 and num_iterations={num_iterations}.")
     if warmup:
-      state, stats = summed_scan(act_iteration, state, warmup)
+      state, stats = summed_scan(act_iteration, state, warmup, unroll)
     else:
       stats = zeros_of_output(act_iteration, state)
     learning = num_iterations - warmup
     if learning:
-      state, (learn_stats, sums) = summed_scan(learn_iteration, state, learning)
+      state, (learn_stats, sums) = summed_scan(learn_iteration, state, learning, unroll)
       stats = jax.tree.map(jnp.add, stats, learn_stats)
     else:
       sums = skip_learning(state)[1]  # Zeros: the row's metrics read NaN.
@@ -264,11 +266,12 @@ def zeros_of_output(body, state):
   return jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), shapes)
 
 
-def summed_scan(body, state, length: int):
-  """`length` calls of `body(state, None) -> (state, out)` in one loop; returns the state and
-  the outputs summed in the loop's carry, as one float32 vector (one add per call, not a
-  write per leaf per call as stacked outputs would be). The sums come back as float32
-  leaves of the outputs' shapes (integer counts stay exact up to 2**24)."""
+def summed_scan(body, state, length: int, unroll: int = 1):
+  """`length` calls of `body(state, None) -> (state, out)` in one loop (`unroll` calls per loop
+  step); returns the state and the outputs summed in the loop's carry, as one float32
+  vector (one add per call, not a write per leaf per call as stacked outputs would be).
+  The sums come back as float32 leaves of the outputs' shapes (integer counts stay exact
+  up to 2**24)."""
   as_float = lambda tree: jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)
   zeros, unravel = flatten_util.ravel_pytree(as_float(zeros_of_output(body, state)))
 
@@ -276,7 +279,7 @@ def summed_scan(body, state, length: int):
     state, total = carry
     state, out = body(state, None)
     return (state, total + flatten_util.ravel_pytree(as_float(out))[0]), None
-  (state, total), _ = jax.lax.scan(step, (state, zeros), None, length=length)
+  (state, total), _ = jax.lax.scan(step, (state, zeros), None, length=length, unroll=unroll)
   return state, unravel(total)
 
 

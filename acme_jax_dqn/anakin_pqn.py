@@ -79,9 +79,9 @@ def make_pqn_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.Gradien
     return state, (jax.tree.map(jnp.sum, stats), metrics)
 
   def train_chunk(state: PQNState, first_iteration: chex.Array, num_iterations: int,
-                  warmup: Optional[int] = None):
+                  warmup: Optional[int] = None, unroll: int = 1):
     del first_iteration, warmup  # Every iteration learns.
-    state, (stats, sums) = anakin.summed_scan(iteration, state, num_iterations)
+    state, (stats, sums) = anakin.summed_scan(iteration, state, num_iterations, unroll)
     return state, anakin.chunk_metrics(state, stats, sums, jnp.float32(num_iterations),
                                        epsilon_fn)
 

@@ -13,7 +13,9 @@ conditionals), and a total per iteration that counts a nested loop's body
 once per trip (XLA's `known_trip_count`) and a conditional's largest
 branch. A chunk that runs its learning warm-up as a loop of its own
 (`seed_layout.warmup_loops`) is compiled twice, all learning and all
-warm-up, and each count read off its loop.
+warm-up, and each count read off its loop. With `--scan_unroll`=u a loop
+step runs u iterations: the chunk holds u times `--iterations`, and the
+counts per iteration are a loop step's divided by u.
 
 Prioritized replay is counted with `--target=local` only: flashbax builds
 its sum tree for the devices it finds.
@@ -43,10 +45,12 @@ their `or`), `wandb`, which it imports but does not use here, is a
 stand-in module, and `jax.tree_map` (gone from jax 0.6 on) is `jax.tree.map`.
 """
 
+import functools
 import json
 import math
 import os
 import sys
+import time
 from typing import Callable, Optional, Tuple
 
 from absl import app
@@ -107,9 +111,10 @@ def _compiled_text(fn, *args) -> str:
   return jax.jit(fn).lower(*args).compile().as_text()
 
 
-def ours_hlo(place: Callable, platform: str) -> Tuple[str, Optional[str], float, float]:
+def ours_hlo(place: Callable, platform: str) -> Tuple[str, Optional[str], float, float, int]:
   """(optimized HLO of a chunk that learns, of one in its warm-up (None: one program with a
-  conditional holds both), env steps per iteration, share of iterations that learn)."""
+  conditional holds both), env steps per iteration, share of iterations that learn,
+  iterations per loop step)."""
   config = launch_flags.config_from_flags()
   experiment = launch_flags.experiment_from_flags()
   env = envs.make_jax_environment(experiment.env)
@@ -125,18 +130,21 @@ def ours_hlo(place: Callable, platform: str) -> Tuple[str, Optional[str], float,
     state = place(jax.eval_shape(seed_layout.over_seeds(trainer.init, batched), keys))
     first = place(jax.ShapeDtypeStruct((), np.int32))
 
+    unroll = experiment.scan_unroll
+    iterations = FLAGS.iterations * unroll  # Whole loop steps.
+
     def chunk_text(warmup):
-      return _compiled_text(anakin_mode.chunk_fn(trainer, FLAGS.iterations, warmup, batched),
-                            state, first)
+      return _compiled_text(
+          anakin_mode.chunk_fn(trainer, iterations, warmup, batched, unroll), state, first)
     if not seed_layout.warmup_loops(batched):
       learning, warming_up = chunk_text(None), None
     else:
-      learning, warming_up = chunk_text(0), chunk_text(FLAGS.iterations)
-  return learning, warming_up, trainer.env_steps_per_iteration * config.num_envs, 1.0
+      learning, warming_up = chunk_text(0), chunk_text(iterations)
+  return learning, warming_up, trainer.env_steps_per_iteration * config.num_envs, 1.0, unroll
 
 
-def purejaxrl_hlo(checkout: str, place: Callable) -> Tuple[str, None, float, float]:
-  """(optimized HLO, None, env steps per iteration, share of iterations that learn)."""
+def purejaxrl_hlo(checkout: str, place: Callable) -> Tuple[str, None, float, float, int]:
+  """(optimized HLO, None, env steps per iteration, share of iterations that learn, 1)."""
   config = purejaxrl_peer.main_config(10 * FLAGS.iterations * 10)
   train = purejaxrl_peer.make_train(purejaxrl_peer.load(checkout), config)
   keys = place(jax.eval_shape(lambda: jax.random.split(jax.random.PRNGKey(0),
@@ -145,7 +153,7 @@ def purejaxrl_hlo(checkout: str, place: Callable) -> Tuple[str, None, float, flo
   # TRAINING_INTERVAL: that share of iterations, after LEARNING_STARTS.
   interval = config["TRAINING_INTERVAL"]
   return (_compiled_text(train, keys), None, config["NUM_ENVS"],
-          math.gcd(config["NUM_ENVS"], interval) / interval)
+          math.gcd(config["NUM_ENVS"], interval) / interval, 1)
 
 
 def main(argv):
@@ -162,28 +170,40 @@ def main(argv):
     place, platform = gpu_placement(target), "gpu"
   flagfiles = [os.path.basename(a.split("=", 1)[1]) for a in sys.argv
                if a.startswith("--flagfile=")]
-  programs = {f"ours ({', '.join(flagfiles) or 'default flags'})": ours_hlo(place, platform)}
+  unroll = launch_flags.experiment_from_flags().scan_unroll
+  flagfiles += [f"--scan_unroll={unroll}"] if unroll > 1 else []
+  builds = {f"ours ({', '.join(flagfiles) or 'default flags'})":
+            functools.partial(ours_hlo, place, platform)}
   if FLAGS.purejaxrl_dir:
-    programs["PureJaxRL dqn.py (main() config)"] = purejaxrl_hlo(FLAGS.purejaxrl_dir, place)
+    builds["PureJaxRL dqn.py (main() config)"] = functools.partial(
+        purejaxrl_hlo, FLAGS.purejaxrl_dir, place)
+  programs, build_s = {}, {}
+  for name, build in builds.items():
+    start = time.perf_counter()
+    programs[name] = build()
+    build_s[name] = time.perf_counter() - start
   header = ["program", "env steps per iteration", "kernels per iteration that learns",
             "kernels per iteration that does not", "kernels per 1,000 env steps (learning "
             "at the program's rate)", "fusions", "unfused ops", "custom calls", "loops",
-            "conditionals"]
+            "conditionals", "build s"]
   rows = []
   results = {}
-  for name, (text, warmup_text, steps, learning) in programs.items():
+  for name, (text, warmup_text, steps, learning, per_step) in programs.items():
     counts = hlo_count.iteration_body(text)
     if warmup_text is not None:  # The warm-up's own loop: what an iteration that does not learn runs.
       counts["per_iteration_min"] = hlo_count.iteration_body(warmup_text)["per_iteration"]
+    for total in ("per_iteration", "per_iteration_min"):  # A loop step runs `per_step` of them.
+      counts[total] = round(counts[total] / per_step, 1) if per_step > 1 else counts[total]
     counts["per_1000_steps"] = round(1000 * (learning * counts["per_iteration"] + (
         1 - learning) * counts["per_iteration_min"]) / steps)
+    counts["build_s"] = round(build_s[name], 2)
     results[name] = counts
     harness.add_row(rows, "| " + " | ".join(str(x) for x in [
         name, steps, counts["per_iteration"], counts["per_iteration_min"],
         counts["per_1000_steps"], counts.get("fusion", 0),
         counts.get("unfused", 0),
-        counts.get("custom-call", 0), counts.get("while", 0), counts.get("conditional", 0)])
-                    + " |")
+        counts.get("custom-call", 0), counts.get("while", 0), counts.get("conditional", 0),
+        f"{build_s[name]:.1f}"]) + " |")
   seeds = f"{FLAGS.num_seeds} seed{'s' if FLAGS.num_seeds > 1 else ''} on one device"
   if target != "local":
     backend = (f"the optimized GPU HLO for an {target.upper()}, compiled on this host without "
@@ -197,7 +217,14 @@ def main(argv):
            "unfused ops, custom calls, nested loops, conditionals), and the kernels one "
            "iteration runs (a nested loop's body times its trip count; a conditional's "
            "largest branch for an iteration that learns, its smallest for one that does "
-           f"not; a warm-up loop of its own for one that does not), {seeds}, in {backend}."]
+           f"not; a warm-up loop of its own for one that does not), {seeds}, in {backend}. "
+           "build s: seconds to trace, lower and compile the counted programs one after "
+           "another in this process (ours: two where the warm-up is a loop of its own, which "
+           "a run compiles side by side; PureJaxRL's: loading the script too)."]
+  if unroll > 1:
+    notes.append(f"With --scan_unroll={unroll} the fusions, unfused ops, custom calls, loops "
+                 f"and conditionals are those of a loop step ({unroll} iterations); the "
+                 f"kernels per iteration are a loop step's divided by {unroll}.")
   if len(results) == 2:
     (ours, theirs) = results.values()
     notes.append("ratio (ours / PureJaxRL, kernels per iteration): "

@@ -240,20 +240,24 @@ def test_hlo_kernels_counts_what_one_iteration_runs_in_a_small_hand_counted_modu
   assert (counts["per_iteration"], counts["per_iteration_min"]) == (22, 20)
 
 
-@pytest.mark.parametrize("num_seeds, conditionals", [(1, 1), (2, 0)])
-def test_hlo_kernels_counts_the_chunk_structure_a_run_compiles(tmp_path, num_seeds,
+@pytest.mark.parametrize("num_seeds, unroll, conditionals", [(1, 1, 1), (2, 1, 0), (1, 2, 2)])
+def test_hlo_kernels_counts_the_chunk_structure_a_run_compiles(tmp_path, num_seeds, unroll,
                                                                 conditionals):
   """One seed on the CPU: one program whose conditional decides whether an iteration learns.
   Two seeds on one device: the warm-up is a loop of its own, counted from a second program,
-  and the learning loop has no conditional."""
+  and the learning loop has no conditional. With --scan_unroll=2 a loop step holds two
+  iterations (two conditionals), and the counts per iteration are half a step's."""
   out = tmp_path / "hlo.md"
   result = subprocess.run(
       [sys.executable, "-m", "bench.hlo_kernels",
        "--flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg", f"--num_seeds={num_seeds}",
-       "--iterations=2", f"--out={out}"],
+       "--iterations=2", f"--scan_unroll={unroll}", f"--out={out}"],
       cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
-  (counts,) = json.loads(result.stdout.strip().splitlines()[-1]).values()
+  (name, counts), = json.loads(result.stdout.strip().splitlines()[-1]).items()
   assert counts.get("conditional", 0) == conditionals, counts
   assert counts["per_iteration"] > counts["per_iteration_min"] > 0, counts
-  assert counts["per_1000_steps"] == counts["per_iteration"] * 100  # 10 env steps, all learning.
+  # 10 env steps per iteration, all learning.
+  assert counts["per_1000_steps"] == round(counts["per_iteration"] * 100)
   assert f"{num_seeds} seed" in out.read_text()
+  assert ("--scan_unroll=2" in name) == (unroll == 2)
+  assert ("a loop step (2 iterations)" in out.read_text()) == (unroll == 2)

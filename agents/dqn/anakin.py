@@ -42,11 +42,12 @@ from agents.dqn.run_loop import Source
 
 
 def chunk_fn(trainer: anakin_lib.Anakin, num_iterations: int, warmup: Optional[int],
-             batched: bool):
+             batched: bool, unroll: int = 1):
   """`(state, first_iteration) -> (state, metrics)`: a chunk of `num_iterations` over a device's
-  block of seeds (`warmup`: see `acme_jax_dqn.anakin.Anakin.train_chunk`)."""
+  block of seeds (`warmup`, `unroll`: see `acme_jax_dqn.anakin.Anakin.train_chunk`)."""
   return seed_layout.over_seeds(
-      functools.partial(trainer.train_chunk, num_iterations=num_iterations, warmup=warmup),
+      functools.partial(trainer.train_chunk, num_iterations=num_iterations, warmup=warmup,
+                        unroll=unroll),
       batched, in_axes=(0, None))
 
 
@@ -73,6 +74,7 @@ class AnakinPlan:
     # exceeded.
     self.num_chunks = max(1, round(iterations / per_chunk))
     self.iterations_per_chunk = iterations // self.num_chunks
+    self.unroll = experiment.scan_unroll
     self.env_steps = (self.fill_env_steps
                       + self.num_chunks * self.iterations_per_chunk * self.steps_per_iteration)
 
@@ -84,7 +86,7 @@ class AnakinPlan:
 
   def chunk_fn(self, trainer: anakin_lib.Anakin, warmup: Optional[int], batched: bool):
     """`(state, first_iteration) -> (state, metrics)`: one chunk over a device's block of seeds."""
-    return chunk_fn(trainer, self.iterations_per_chunk, warmup, batched)
+    return chunk_fn(trainer, self.iterations_per_chunk, warmup, batched, self.unroll)
 
   def as_dict(self) -> Dict[str, int]:
     """What a resumed run must share with the saved one (its compiled chunk and budget)."""

@@ -48,6 +48,11 @@ class ExperimentConfig:
       default), "rbg" or "unsafe_rbg" (XLA's RngBitGenerator: less to compile;
       "unsafe_rbg" also splits keys without threefry). Other random streams, so
       other runs; a checkpoint resumes only with the implementation that made it.
+    scan_unroll: anakin mode: training iterations per step of the compiled loop
+      over iterations (`lax.scan`'s unroll). The same computation; on a GPU
+      more iterations per step means fewer kernel launches per iteration and
+      a longer compile (bench/hlo_kernels.py counts them); on the CPU 1 ran
+      fastest.
     save_checkpoints: save orbax checkpoints (at the end, every
       `checkpoint_every` env steps, and on SIGTERM / Ctrl-C).
     checkpoint_dir: where checkpoints go ("" is `<logdir>/checkpoints`).
@@ -91,6 +96,7 @@ class ExperimentConfig:
   one_cpu_core: bool = False
   cpu_devices: int = 0
   prng_impl: str = "threefry2x32"
+  scan_unroll: int = 1
   save_checkpoints: bool = True
   checkpoint_dir: str = ""
   checkpoint_every: int = 0
@@ -122,7 +128,7 @@ def _check(e: ExperimentConfig) -> None:
     if getattr(e, name) not in choices:
       fail(name, getattr(e, name), f"must be one of {choices}.")
   for name in ("total_steps", "eval_episodes", "log_every", "num_seeds", "num_actors",
-               "actor_insert_batch"):
+               "actor_insert_batch", "scan_unroll"):
     if getattr(e, name) < 1:
       fail(name, getattr(e, name), "must be at least 1.")
   zero_means = {"eval_every": " (only at the end)", "seed": "",
@@ -136,6 +142,9 @@ def _check(e: ExperimentConfig) -> None:
     fail("num_seeds", e.num_seeds, "trains seeds together in one compiled program, which "
           "needs `run_mode=anakin` (and a gymnax environment); in local mode run one seed "
           "per process with `seed`.")
+  if e.scan_unroll > 1 and e.run_mode != "anakin":
+    fail("scan_unroll", e.scan_unroll, "unrolls the compiled loop of `run_mode=anakin`; "
+         f"`run_mode={e.run_mode}` has none: drop the setting.")
   if e.checkpoint_every > 0 and not e.save_checkpoints:
     fail("checkpoint_every", e.checkpoint_every, "asks for checkpoints and "
           "`save_checkpoints`=False turns them off; drop one.")

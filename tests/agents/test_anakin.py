@@ -4,6 +4,7 @@ runs are deterministic per seed and differ across seeds, a short run learns, bad
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -177,6 +178,53 @@ def test_warmup_as_loops_trains_what_the_per_iteration_conditional_trains(num_se
       np.testing.assert_allclose(np.asarray(cond_row[name], np.float64),
                                  np.asarray(loops_row[name], np.float64), rtol=1e-5)
   assert np.all(np.isnan(rows_loops[1]["loss"])) and np.all(np.isfinite(rows_loops[2]["loss"]))
+
+
+def test_an_unrolled_chunk_trains_what_the_rolled_chunk_trains():
+  """`unroll`=3 (--scan_unroll) runs 3 iterations per loop step, also where a loop's length is
+  no multiple of 3: a chunk of 20 iterations across the start of learning (14 warm-up, 6
+  learning), with the conditional and with the warm-up loops, trains the same parameters
+  and gives the same row as with one iteration per step."""
+  config = _tiny_config(min_replay_size=300)  # 4 inserts per iteration: iteration 74 learns.
+  env = envs.make_jax_environment("gymnax:CartPole-v1")
+  builder = DQNBuilder(config)
+  trainer = builder.make_anakin(env, builder.make_networks(env.spec), eval_episodes=2)
+  start = jax.jit(trainer.init)(jax.random.PRNGKey(0))
+
+  def run(warmup, unroll):  # Iterations 60-79.
+    chunk = jax.jit(functools.partial(trainer.train_chunk, num_iterations=20, warmup=warmup,
+                                      unroll=unroll))
+    state, metrics = chunk(start, np.int32(60))
+    return jax.device_get(state.learner.online_params), jax.device_get(metrics)
+
+  for warmup in (None, 14):
+    params, row = run(warmup, 1)
+    assert int(row["learner_steps"]) == 6
+    unrolled_params, unrolled_row = run(warmup, 3)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8),
+                 params, unrolled_params)
+    assert set(row) == set(unrolled_row)
+    for name in row:
+      np.testing.assert_allclose(np.asarray(row[name], np.float64),
+                                 np.asarray(unrolled_row[name], np.float64), rtol=1e-6)
+
+
+def test_an_unrolled_chunk_runs_several_iterations_per_loop_step():
+  """In the compiled program the loop over a learning chunk's 12 iterations steps 12 times,
+  or 6 with `unroll`=2."""
+  config = _tiny_config(min_replay_size=4)  # Learns from the first iteration.
+  env = envs.make_jax_environment("gymnax:CartPole-v1")
+  builder = DQNBuilder(config)
+  trainer = builder.make_anakin(env, builder.make_networks(env.spec), eval_episodes=2)
+  state = jax.eval_shape(trainer.init, jax.random.PRNGKey(0))
+
+  def trip_counts(unroll):
+    chunk = functools.partial(trainer.train_chunk, num_iterations=12, warmup=0, unroll=unroll)
+    text = jax.jit(chunk).lower(state, np.int32(0)).compile().as_text()
+    entry = text[text.index("\nENTRY "):]
+    return [int(n) for n in re.findall(r'"known_trip_count":\{"n":"(\d+)"', entry.split("\n}")[0])]
+
+  assert trip_counts(1) == [12] and trip_counts(2) == [6]
 
 
 def test_summed_scan_sums_every_leaf_of_the_outputs_in_float32():
@@ -367,6 +415,8 @@ def _cli(*args):
     (["--run_mode=anakin", "--env=gymnax:CartPole-v1", "--num_envs=0"], "--num_envs"),
     (["--run_mode=anakin", "--env=gymnax:CartPole-v1", "--num_seeds=0"], "--num_seeds"),
     (["--run_mode=local", "--num_seeds=3"], "--run_mode=anakin"),
+    (["--run_mode=anakin", "--env=gymnax:CartPole-v1", "--scan_unroll=0"], "--scan_unroll"),
+    (["--run_mode=local", "--scan_unroll=2"], "--run_mode=anakin"),
     (["--run_mode=anakin", "--env=gymnax:Pendulum-v1"], "not discrete"),
     (["--run_mode=anakin", "--env=gymnax:CartPole"], "CartPole-v1"),
 ])

@@ -82,3 +82,10 @@ def test_a_pqn_chunk_row_holds_the_means_and_sums_of_its_iterations():
   for name in ("loss", "q_mean", "td_error_abs_mean"):
     np.testing.assert_allclose(two[name], (a[name] + b[name]) / 2, rtol=1e-5)
   assert int(two["env_steps"]) == int(b["env_steps"]) == 2 * 4 * 16
+  unrolled_state, unrolled = jax.jit(lambda s, i: trainer.train_chunk(s, i, 2, unroll=2))(
+      state, 0)  # Both iterations in one loop step: the same computation.
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-8),
+               two_state.learner.online_params, unrolled_state.learner.online_params)
+  for name in two:
+    np.testing.assert_allclose(np.asarray(two[name], np.float64),
+                               np.asarray(unrolled[name], np.float64), rtol=1e-6)

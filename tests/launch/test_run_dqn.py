@@ -175,7 +175,7 @@ EXPERIMENT_OUT_OF_RANGE = {
     "checkpoint_every": (-1, "--checkpoint_every"),
     "keep_checkpoints": (-1, "--keep_checkpoints"), "cpu_devices": (-1, "--cpu_devices"),
     "num_actors": (0, "--num_actors"), "max_learner_steps": (-1, "--max_learner_steps"),
-    "actor_insert_batch": (0, "--actor_insert_batch"),
+    "actor_insert_batch": (0, "--actor_insert_batch"), "scan_unroll": (0, "--scan_unroll"),
 }
 
 
