@@ -60,7 +60,7 @@ def main(argv):
     return jax.lax.scan(step, (learner_state, buffer), None, length=calls)[0]  # All of it.
 
   def acting_scan(s):  # Learning never starts: the iteration index stays negative.
-    return trainer.train_chunk(s, -10**9, iterations)
+    return trainer.train_chunk(s, -10**9, iterations, unroll=plan.unroll)  # --scan_unroll
 
   sgd = jax.jit(learner_scan).lower(state.learner, state.buffer).compile()
   acting = jax.jit(acting_scan).lower(state).compile()

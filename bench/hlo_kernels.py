@@ -64,9 +64,12 @@ from acme_jax_dqn import xla_setup  # pylint: disable=wrong-import-position
 from agents.dqn import anakin as anakin_mode  # pylint: disable=wrong-import-position
 from agents.dqn import seed_layout  # pylint: disable=wrong-import-position
 from agents.dqn.builder import DQNBuilder  # pylint: disable=wrong-import-position
+from agents.dqn.config import ConfigError, DQNConfig  # pylint: disable=wrong-import-position
+from agents.dqn.experiment_config import ExperimentConfig  # pylint: disable=wrong-import-position
 from bench import harness  # pylint: disable=wrong-import-position
 from bench import hlo_count  # pylint: disable=wrong-import-position
 from bench import purejaxrl_peer  # pylint: disable=wrong-import-position
+from launch import cli  # pylint: disable=wrong-import-position
 from launch import flags as launch_flags  # pylint: disable=wrong-import-position
 
 launch_flags.define_flags()
@@ -111,12 +114,11 @@ def _compiled_text(fn, *args) -> str:
   return jax.jit(fn).lower(*args).compile().as_text()
 
 
-def ours_hlo(place: Callable, platform: str) -> Tuple[str, Optional[str], float, float, int]:
+def ours_hlo(place: Callable, platform: str, config: DQNConfig, experiment: ExperimentConfig
+             ) -> Tuple[str, Optional[str], float, float, int]:
   """(optimized HLO of a chunk that learns, of one in its warm-up (None: one program with a
   conditional holds both), env steps per iteration, share of iterations that learn,
   iterations per loop step)."""
-  config = launch_flags.config_from_flags()
-  experiment = launch_flags.experiment_from_flags()
   env = envs.make_jax_environment(experiment.env)
   num_seeds = experiment.num_seeds
   # The program a run with every seed on one device compiles: unbatched for one seed (vmapped
@@ -170,10 +172,14 @@ def main(argv):
     place, platform = gpu_placement(target), "gpu"
   flagfiles = [os.path.basename(a.split("=", 1)[1]) for a in sys.argv
                if a.startswith("--flagfile=")]
-  unroll = launch_flags.experiment_from_flags().scan_unroll
+  try:
+    config, experiment = launch_flags.config_from_flags(), launch_flags.experiment_from_flags()
+  except ConfigError as error:
+    harness.bad_input(f"error: {cli.error_line(error)}")
+  unroll = experiment.scan_unroll
   flagfiles += [f"--scan_unroll={unroll}"] if unroll > 1 else []
   builds = {f"ours ({', '.join(flagfiles) or 'default flags'})":
-            functools.partial(ours_hlo, place, platform)}
+            functools.partial(ours_hlo, place, platform, config, experiment)}
   if FLAGS.purejaxrl_dir:
     builds["PureJaxRL dqn.py (main() config)"] = functools.partial(
         purejaxrl_hlo, FLAGS.purejaxrl_dir, place)
@@ -193,7 +199,8 @@ def main(argv):
     if warmup_text is not None:  # The warm-up's own loop: what an iteration that does not learn runs.
       counts["per_iteration_min"] = hlo_count.iteration_body(warmup_text)["per_iteration"]
     for total in ("per_iteration", "per_iteration_min"):  # A loop step runs `per_step` of them.
-      counts[total] = round(counts[total] / per_step, 1) if per_step > 1 else counts[total]
+      per_iteration = round(counts[total] / per_step, 1)
+      counts[total] = int(per_iteration) if per_iteration == int(per_iteration) else per_iteration
     counts["per_1000_steps"] = round(1000 * (learning * counts["per_iteration"] + (
         1 - learning) * counts["per_iteration_min"]) / steps)
     counts["build_s"] = round(build_s[name], 2)

@@ -170,6 +170,7 @@ def test_the_compile_time_bench_times_three_schedules_of_the_run_dqn_build(tmp_p
     ("hlo_kernels", ["--target=h200"], "--target=h200: no GPU compiler here"),
     ("hlo_kernels", ["--target=h200", "--prioritized"],
      "--target=h200 with --prioritized: flashbax builds prioritized replay"),
+    ("hlo_kernels", ["--scan_unroll=0"], "error: --scan_unroll=0: must be at least 1."),
 ])
 def test_bad_anakin_bench_input_is_one_line_and_exit_code_2(bench, args, expected):
   result = subprocess.run(

@@ -183,24 +183,26 @@ def test_warmup_as_loops_trains_what_the_per_iteration_conditional_trains(num_se
 def test_an_unrolled_chunk_trains_what_the_rolled_chunk_trains():
   """`unroll`=3 (--scan_unroll) runs 3 iterations per loop step, also where a loop's length is
   no multiple of 3: a chunk of 20 iterations across the start of learning (14 warm-up, 6
-  learning), with the conditional and with the warm-up loops, trains the same parameters
-  and gives the same row as with one iteration per step."""
+  learning), with the conditional and with the warm-up loops, and two seeds vmapped with the
+  loops, trains the same parameters and gives the same row as with one iteration per step
+  (to float rounding: the vmapped programs may round differently)."""
+  from agents.dqn import anakin as anakin_mode  # pylint: disable=import-outside-toplevel
   config = _tiny_config(min_replay_size=300)  # 4 inserts per iteration: iteration 74 learns.
   env = envs.make_jax_environment("gymnax:CartPole-v1")
   builder = DQNBuilder(config)
   trainer = builder.make_anakin(env, builder.make_networks(env.spec), eval_episodes=2)
-  start = jax.jit(trainer.init)(jax.random.PRNGKey(0))
 
-  def run(warmup, unroll):  # Iterations 60-79.
-    chunk = jax.jit(functools.partial(trainer.train_chunk, num_iterations=20, warmup=warmup,
-                                      unroll=unroll))
+  def run(warmup, batched, unroll):  # Iterations 60-79.
+    keys = jnp.stack([jax.random.PRNGKey(s) for s in range(1 + batched)])
+    start = jax.jit(seed_layout.over_seeds(trainer.init, batched))(keys)
+    chunk = jax.jit(anakin_mode.chunk_fn(trainer, 20, warmup, batched, unroll))
     state, metrics = chunk(start, np.int32(60))
     return jax.device_get(state.learner.online_params), jax.device_get(metrics)
 
-  for warmup in (None, 14):
-    params, row = run(warmup, 1)
-    assert int(row["learner_steps"]) == 6
-    unrolled_params, unrolled_row = run(warmup, 3)
+  for warmup, batched in ((None, False), (14, False), (14, True)):
+    params, row = run(warmup, batched, 1)
+    assert np.all(np.asarray(row["learner_steps"]) == 6)
+    unrolled_params, unrolled_row = run(warmup, batched, 3)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8),
                  params, unrolled_params)
     assert set(row) == set(unrolled_row)
@@ -209,17 +211,23 @@ def test_an_unrolled_chunk_trains_what_the_rolled_chunk_trains():
                                  np.asarray(unrolled_row[name], np.float64), rtol=1e-6)
 
 
-def test_an_unrolled_chunk_runs_several_iterations_per_loop_step():
-  """In the compiled program the loop over a learning chunk's 12 iterations steps 12 times,
-  or 6 with `unroll`=2."""
+def test_scan_unroll_runs_several_iterations_per_loop_step_of_the_runs_chunk():
+  """In the chunk program a run with `scan_unroll` builds (`AnakinPlan.chunk_fn`), the loop
+  over a learning chunk's 12 iterations steps 12 times, or 6 with `scan_unroll`=2."""
+  from agents.dqn.anakin import AnakinPlan  # pylint: disable=import-outside-toplevel
   config = _tiny_config(min_replay_size=4)  # Learns from the first iteration.
   env = envs.make_jax_environment("gymnax:CartPole-v1")
   builder = DQNBuilder(config)
   trainer = builder.make_anakin(env, builder.make_networks(env.spec), eval_episodes=2)
-  state = jax.eval_shape(trainer.init, jax.random.PRNGKey(0))
+  state = jax.eval_shape(seed_layout.over_seeds(trainer.init, False),
+                         jax.random.PRNGKey(0)[None])  # One seed, as a run lays it out.
 
-  def trip_counts(unroll):
-    chunk = functools.partial(trainer.train_chunk, num_iterations=12, warmup=0, unroll=unroll)
+  def trip_counts(unroll):  # 48 env steps of 4 copies: one chunk of 12 iterations.
+    experiment = ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin", total_steps=48,
+                                  log_every=48, scan_unroll=unroll)
+    plan = AnakinPlan(trainer, config, experiment)
+    assert (plan.num_chunks, plan.iterations_per_chunk) == (1, 12)
+    chunk = plan.chunk_fn(trainer, warmup=0, batched=False)
     text = jax.jit(chunk).lower(state, np.int32(0)).compile().as_text()
     entry = text[text.index("\nENTRY "):]
     return [int(n) for n in re.findall(r'"known_trip_count":\{"n":"(\d+)"', entry.split("\n}")[0])]
