@@ -22,6 +22,7 @@ import sys
 
 from absl import app
 from absl import flags
+import jax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # For `bench`.
 from bench import harness  # pylint: disable=wrong-import-position
@@ -61,9 +62,18 @@ def ours(num_seeds: int, env: str, tag: str) -> dict:
           "eval_s": s["eval_s"], "summary": s}
 
 
+def check_peer(checkout: str) -> None:
+  """Loads the checkout's script, so that a missing or other checkout stops the bench before
+  any run, with this process on JAX's CPU backend: it times nothing itself, and a GPU client
+  here would hold most of the GPU's memory (XLA preallocates it) for the whole bench,
+  leaving the timed processes the rest."""
+  jax.config.update("jax_platforms", "cpu")
+  purejaxrl_peer.load(checkout)
+
+
 def main(argv):
   del argv
-  purejaxrl_peer.load(FLAGS.purejaxrl_dir)  # A missing checkout stops here, before any run.
+  check_peer(FLAGS.purejaxrl_dir)
   header = ["program", "env", "seeds", "compile s", "env steps/s after compile (all seeds)",
             "ours / PureJaxRL", "of which evaluation s"]
   rows, goals, summary = [], [], None

@@ -73,6 +73,18 @@ def test_a_script_of_another_commit_is_refused_by_name(tmp_path, capsys):
   assert "the benches read PureJaxRL at commit 31756b1" in capsys.readouterr().err
 
 
+def test_gpu_speed_checks_the_checkout_without_a_gpu_client_of_its_own(tmp_path):
+  """The bench's own process stays on JAX's CPU backend (loading the script starts a backend),
+  so a GPU's memory is left to the timed processes."""
+  checkout = _checkout(tmp_path, _STAND_IN)
+  result = subprocess.run(
+      [sys.executable, "-c", "from bench import gpu_speed; import jax; "
+       f"gpu_speed.check_peer({str(checkout)!r}); jax.numpy.zeros(1); "
+       "print(jax.config.jax_platforms, jax.default_backend())"],
+      cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
+  assert result.stdout.split()[-2:] == ["cpu", "cpu"], result.stdout
+
+
 def test_a_bench_run_without_the_checkout_says_what_to_clone_before_running(tmp_path):
   result = subprocess.run(
       [sys.executable, "-m", "bench.gpu_speed", "--num_seeds=1", "--minatar_seeds=",
