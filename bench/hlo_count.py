@@ -95,13 +95,29 @@ def kernels(name: str, computations: Dict[str, List[str]]) -> Dict[str, int]:
   return dict(counts)
 
 
+def _entry_loops(text: str) -> Tuple[Dict[str, List[str]], List[str]]:
+  """(the computations, the entry computation's loop instructions)."""
+  entry, computations = parse_hlo(text)
+  return computations, [line for line in computations[entry]
+                        if _opcode(line.split(" = ", 1)[1]) == "while"]
+
+
+def _trip_count(loop: str) -> int:
+  """A loop instruction's known trip count (0 when XLA does not know it)."""
+  return int((_TRIPS.search(loop) or [0, "0"])[1])
+
+
+def entry_trip_counts(text: str) -> List[int]:
+  """The trip counts of the entry computation's loops, in program order (0: not known)."""
+  return [_trip_count(loop) for loop in _entry_loops(text)[1]]
+
+
 def iteration_body(text: str) -> Dict[str, int]:
   """The counts of the body of the entry's longest-running loop (the scan over iterations)."""
-  entry, computations = parse_hlo(text)
-  loops = [line for line in computations[entry] if _opcode(line.split(" = ", 1)[1]) == "while"]
+  computations, loops = _entry_loops(text)
   if not loops:
     raise SystemExit("No loop in the program's entry computation: nothing to count.")
-  best = max(loops, key=lambda line: int((_TRIPS.search(line) or [0, "0"])[1]))
+  best = max(loops, key=_trip_count)
   called = dict(_CALLED.findall(best))
   counts = kernels(called["body"], computations)
   condition = kernels(called["condition"], computations)

@@ -4,7 +4,6 @@ runs are deterministic per seed and differ across seeds, a short run learns, bad
 import functools
 import json
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from agents.dqn import seed_layout
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import ConfigError, DQNConfig
 from agents.dqn.experiment import ExperimentConfig, run_experiment
+from bench import hlo_count
 from tests.fakes import ROOT
 
 GAMMA = 0.9
@@ -228,9 +228,8 @@ def test_scan_unroll_runs_several_iterations_per_loop_step_of_the_runs_chunk():
     plan = AnakinPlan(trainer, config, experiment)
     assert (plan.num_chunks, plan.iterations_per_chunk) == (1, 12)
     chunk = plan.chunk_fn(trainer, warmup=0, batched=False)
-    text = jax.jit(chunk).lower(state, np.int32(0)).compile().as_text()
-    entry = text[text.index("\nENTRY "):]
-    return [int(n) for n in re.findall(r'"known_trip_count":\{"n":"(\d+)"', entry.split("\n}")[0])]
+    return hlo_count.entry_trip_counts(
+        jax.jit(chunk).lower(state, np.int32(0)).compile().as_text())
 
   assert trip_counts(1) == [12] and trip_counts(2) == [6]
 
