@@ -14,6 +14,7 @@ metrics leave the device once per chunk and the host can print progress,
 as in Stoix's anakin systems; a run of one chunk is one call.
 """
 
+import functools
 from typing import Any, Callable, Dict, NamedTuple, Optional
 
 import chex
@@ -95,7 +96,8 @@ class Anakin(NamedTuple):
   Attributes:
     init: key -> AnakinState (params, empty replay, reset environments,
       and `fill_steps` env steps that fill the n-step window).
-    train_chunk: (state, first_iteration, num_iterations, warmup=None, unroll=1) ->
+    train_chunk: (state, first_iteration, num_iterations, warmup=None, unroll=1,
+      acting_apart=False) ->
       (state, metrics); each iteration is `env_steps_per_iteration` env
       steps, then, once replay holds `min_replay_size` transitions,
       `learner_calls_per_iteration` learner steps. `first_iteration` counts
@@ -109,6 +111,11 @@ class Anakin(NamedTuple):
       parameters, and their chunk metrics agree to float rounding.
       `unroll` (static): iterations per step of those loops (`lax.scan`'s
       unroll); the same computation in fewer, larger loop steps.
+      `acting_apart` (static): in the loop that learns, the acting forward
+      reads the online parameters through an optimization barrier, so that
+      XLA's GPU compiler does not merge it with the learner's forward on the
+      same parameters into one matmul over the concatenated inputs. The
+      same values; see `agents.dqn.seed_layout.acting_apart` for when.
     evaluate: (params, key) -> returns [eval_episodes] of the greedy policy.
     learn: state -> (state, metrics); the learner calls of one iteration.
     learner_step: the kit's `learner_step(state, buffer)`, shared with the local Learner.
@@ -162,14 +169,14 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
   E = num_envs
   fill_steps = n_step - 1  # Env steps (in `init`) before the first full n-step window.
 
-  def env_step(state: AnakinState):
+  def env_step(state: AnakinState, acting_apart: bool = False):
     """All copies act and step once; returns the state, the emitted transitions [E] and stats."""
-    state, step, stats = step_copies(env, policy, epsilon_fn, state, reward_clip)
+    state, step, stats = step_copies(env, policy, epsilon_fn, state, reward_clip, acting_apart)
     window = jax.tree.map(lambda w, x: jnp.concatenate([w[1:], x[None]]), state.window, step)
     return state._replace(window=window), nstep_transition(window, discount), stats
 
-  def step_and_store(state: AnakinState, _):
-    state, transition, stats = env_step(state)
+  def step_and_store(state: AnakinState, _, acting_apart: bool = False):
+    state, transition, stats = env_step(state, acting_apart)
     return state._replace(buffer=replay.add(state.buffer, transition)), stats
 
   def init(key):
@@ -206,10 +213,11 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
 
   inserts_per_iteration = env_steps_per_iteration * E
 
-  def act_iteration(state: AnakinState, _):
+  def act_iteration(state: AnakinState, _, acting_apart: bool = False):
+    store = functools.partial(step_and_store, acting_apart=acting_apart)
     if env_steps_per_iteration == 1:
-      return step_and_store(state, None)
-    state, stats = jax.lax.scan(step_and_store, state, None, length=env_steps_per_iteration)
+      return store(state, None)
+    state, stats = jax.lax.scan(store, state, None, length=env_steps_per_iteration)
     return state, jax.tree.map(jnp.sum, stats)
 
   def iteration(state: AnakinState, index: chex.Array):
@@ -222,13 +230,13 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
     state, metrics = jax.lax.cond(learning_now, learn, skip_learning, state)
     return state, (stats, metrics, learning_now.astype(jnp.float32))
 
-  def learn_iteration(state: AnakinState, _):
-    state, stats = act_iteration(state, None)
+  def learn_iteration(state: AnakinState, _, acting_apart: bool = False):
+    state, stats = act_iteration(state, None, acting_apart)
     state, metrics = learn(state)
     return state, (stats, metrics)
 
   def train_chunk(state: AnakinState, first_iteration: chex.Array, num_iterations: int,
-                  warmup: Optional[int] = None, unroll: int = 1):
+                  warmup: Optional[int] = None, unroll: int = 1, acting_apart: bool = False):
     if warmup is None:
       indices = first_iteration + jnp.arange(num_iterations, dtype=jnp.int32)
       state, (stats, metrics, learned) = jax.lax.scan(iteration, state, indices, unroll=unroll)
@@ -246,7 +254,8 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
       stats = zeros_of_output(act_iteration, state)
     learning = num_iterations - warmup
     if learning:
-      state, (learn_stats, sums) = summed_scan(learn_iteration, state, learning, unroll)
+      state, (learn_stats, sums) = summed_scan(
+          functools.partial(learn_iteration, acting_apart=acting_apart), state, learning, unroll)
       stats = jax.tree.map(jnp.add, stats, learn_stats)
     else:
       sums = skip_learning(state)[1]  # Zeros: the row's metrics read NaN.
@@ -288,19 +297,24 @@ def chunk_warmup(anakin: Anakin, first_iteration: int, num_iterations: int) -> i
   return min(num_iterations, max(0, anakin.warmup_iterations - first_iteration))
 
 
-def step_copies(env: GymnaxEnv, policy: PolicyFn, epsilon_fn, state, reward_clip: float = 0.0):
+def step_copies(env: GymnaxEnv, policy: PolicyFn, epsilon_fn, state, reward_clip: float = 0.0,
+                acting_apart: bool = False):
   """All copies act (epsilon-greedy on the online params) and step once, with auto-reset.
 
   `state` is any trainer state with the fields `learner`, `env_state`,
   `observation`, `episode_return`, `env_steps` and `key`. Returns the
   state moved on, the step (an `NStepWindow` entry, leaves [E, ...]) and its
-  `StepStats`.
+  `StepStats`. `acting_apart`: act on the online parameters through an
+  optimization barrier (see `Anakin.train_chunk`).
   """
   genv, params = env.env, env.params
   obs_dtype = env.spec.observations.dtype
   num_envs = state.observation.shape[0]
   key, act_key, step_key = jax.random.split(state.key, 3)
-  action = policy(state.learner.online_params, act_key, state.observation,
+  online_params = state.learner.online_params
+  if acting_apart:
+    online_params = jax.lax.optimization_barrier(online_params)
+  action = policy(online_params, act_key, state.observation,
                   epsilon_fn(state.env_steps))
   next_obs, env_state, reward, terminated, truncated, info = jax.vmap(
       genv.step, in_axes=(0, 0, 0, None))(jax.random.split(step_key, num_envs),

@@ -79,8 +79,9 @@ def make_pqn_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.Gradien
     return state, (jax.tree.map(jnp.sum, stats), metrics)
 
   def train_chunk(state: PQNState, first_iteration: chex.Array, num_iterations: int,
-                  warmup: Optional[int] = None, unroll: int = 1):
-    del first_iteration, warmup  # Every iteration learns.
+                  warmup: Optional[int] = None, unroll: int = 1, acting_apart: bool = False):
+    # Every iteration learns, from a rollout that acts in a scan of its own before the update.
+    del first_iteration, warmup, acting_apart
     state, (stats, sums) = anakin.summed_scan(iteration, state, num_iterations, unroll)
     return state, anakin.chunk_metrics(state, stats, sums, jnp.float32(num_iterations),
                                        epsilon_fn)

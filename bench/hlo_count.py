@@ -6,11 +6,21 @@ unfused ops, custom calls, nested loops, conditionals), with a total per
 iteration: a nested loop's body once per trip (XLA's `known_trip_count`),
 a conditional's largest branch (`per_iteration`) or smallest
 (`per_iteration_min`). Used by bench/hlo_kernels.py.
+
+It also models the memory traffic of those kernels (`bytes_per_iteration`,
+`bytes_per_iteration_min`): each kernel reads its operands and writes its
+result, except that a gather, slice or dynamic slice of an operand reads
+only what it takes, and a scatter or dynamic update slice (which XLA runs
+in place) reads and writes only its update. A kernel that waits on launch
+latency (one seed on a GPU) costs its count; one that streams a batch of
+seeds' parameters and activations costs its bytes. The model counts no
+cache and no re-read inside a kernel (a matmul's tiles).
 """
 
 import collections
+import math
 import re
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "opt-barrier",
         "after-all", "partition-id", "replica-id"}
@@ -19,6 +29,11 @@ _CALLED = re.compile(r"(body|condition|calls|to_apply|true_computation|false_com
                      r"%?([\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+_ARRAY = re.compile(r"\b(pred|bf16|[suf]\d+|c64|c128)\[([\d,]*)\]")
+_WIDTH = {"pred": 1, "bf16": 2, "c64": 8, "c128": 16}
+_PARTIAL_READS = ("gather", "slice", "dynamic-slice")
+_IN_PLACE = {"dynamic-update-slice": 1, "scatter": 2}  # The operand that is the update.
+_VIEWS = ("bitcast", "reshape")
 
 
 def _opcode(rhs: str) -> str:
@@ -33,6 +48,75 @@ def _opcode(rhs: str) -> str:
   else:
     rhs = rhs.split(" ", 1)[1] if " " in rhs else rhs
   return rhs.strip().split("(", 1)[0]
+
+
+def shape_bytes(shape: str) -> int:
+  """The bytes of an HLO shape's arrays (a tuple's summed)."""
+  return sum((_WIDTH.get(dtype) or max(1, int(dtype[1:]) // 8)) *
+             math.prod(int(d) for d in dims.split(",") if d)
+             for dtype, dims in _ARRAY.findall(shape))
+
+
+def parts(line: str) -> Tuple[str, str, str, List[str]]:
+  """(name, result shape, opcode, operand names) of an instruction line."""
+  name, rhs = line.split(" = ", 1)
+  opcode = _opcode(rhs)
+  start = rhs.index(opcode + "(")
+  depth, end = 0, len(rhs)
+  for i in range(start + len(opcode), len(rhs)):
+    depth += {"(": 1, ")": -1}.get(rhs[i], 0)
+    if depth == 0:
+      end = i
+      break
+  operands = re.findall(r"%([\w.\-]+)", rhs[start:end])
+  return name.replace("ROOT", "").strip().lstrip("%"), rhs[:start].strip(), opcode, operands
+
+
+def _accessed(lines: List[str], operand_shapes: List[str]) -> int:
+  """Bytes a kernel whose instructions are `lines` reads and writes (see the module doc).
+
+  `operand_shapes` are the kernel's operands, `parameter(i)` in `lines`."""
+  instructions = [parts(line) for line in lines]
+  shapes = {name: shape for name, shape, _, _ in instructions}
+  users = collections.defaultdict(list)
+  params = {}
+  for line, (name, _, opcode, operands) in zip(lines, instructions):
+    for position, operand in enumerate(operands):
+      users[operand].append((name, opcode, position))
+    if opcode == "parameter":
+      params[name] = int(re.search(r"parameter\((\d+)\)", line).group(1))
+
+  def read(name: str) -> Optional[int]:
+    """Bytes read of `name` when every use takes part of it (None: all of it)."""
+    total = 0
+    for user, opcode, position in users[name]:
+      if opcode in _VIEWS:
+        part = read(user)
+      elif position == 0 and opcode in _PARTIAL_READS:
+        part = shape_bytes(shapes[user])
+      elif position == 0 and opcode in _IN_PLACE:
+        part = 0
+      else:
+        return None
+      if part is None:
+        return None
+      total += part
+    return total
+
+  def written(name: str) -> int:
+    opcode, operands = next((o, ops) for n, _, o, ops in instructions if n == name)
+    if opcode == "tuple":
+      return sum(written(operand) for operand in operands)
+    if opcode in _IN_PLACE:
+      return shape_bytes(shapes[operands[_IN_PLACE[opcode]]])
+    return shape_bytes(shapes[name])
+
+  total = written(instructions[-1][0] if not any(l.startswith("ROOT") for l in lines) else
+                  next(parts(l)[0] for l in lines if l.startswith("ROOT")))
+  for name, index in params.items():
+    part = read(name)
+    total += shape_bytes(operand_shapes[index]) if part is None else part
+  return total
 
 
 def parse_hlo(text: str) -> Tuple[str, Dict[str, List[str]]]:
@@ -53,14 +137,37 @@ def parse_hlo(text: str) -> Tuple[str, Dict[str, List[str]]]:
   return entry, computations
 
 
-def kernels(name: str, computations: Dict[str, List[str]]) -> Dict[str, int]:
+def module_shapes(computations: Dict[str, List[str]]) -> Dict[str, str]:
+  """{instruction name: its result shape} over a module (names are unique in one)."""
+  return {name: shape for lines in computations.values()
+          for name, shape, _, _ in map(parts, lines)}
+
+
+def kernel_bytes(line: str, computations: Dict[str, List[str]], shapes: Dict[str, str]) -> int:
+  """The bytes one kernel (a fusion, an unfused op, a custom call) reads and writes."""
+  _, shape, opcode, operands = parts(line)
+  operand_shapes = [shapes.get(operand, "") for operand in operands]
+  called = dict(_CALLED.findall(line))
+  if called.get("calls") in computations:  # A fusion: what its instructions take of each operand.
+    return _accessed(computations[called["calls"]], operand_shapes)
+  lines = [f"%p{i} = {s} parameter({i})" for i, s in enumerate(operand_shapes)]
+  lines.append(f"ROOT %r = {shape} {opcode}({', '.join(f'%p{i}' for i in range(len(lines)))})")
+  return _accessed(lines, operand_shapes)
+
+
+def kernels(name: str, computations: Dict[str, List[str]],
+            shapes: Optional[Dict[str, str]] = None) -> Dict[str, int]:
   """Counts of `name`'s instructions by kind, and what one call of it runs.
 
   `per_iteration` counts a conditional's largest branch (an iteration that
-  learns, say); `per_iteration_min` its smallest (one that does not).
+  learns, say); `per_iteration_min` its smallest (one that does not);
+  `bytes_per_iteration` and `bytes_per_iteration_min` the modelled traffic
+  of the same kernels (the branch with the most bytes, the fewest).
   """
-  counts = collections.Counter(per_iteration=0, per_iteration_min=0)
-  totals = ("per_iteration", "per_iteration_min")
+  shapes = module_shapes(computations) if shapes is None else shapes
+  totals = ("per_iteration", "per_iteration_min", "bytes_per_iteration",
+            "bytes_per_iteration_min")
+  counts = collections.Counter(dict.fromkeys(totals, 0))
   for line in computations[name]:
     rhs = line.split(" = ", 1)[1]
     opcode = _opcode(rhs)
@@ -70,28 +177,31 @@ def kernels(name: str, computations: Dict[str, List[str]]) -> Dict[str, int]:
     if opcode == "while":
       counts["while"] += 1
       trips = _TRIPS.search(line)
-      body = kernels(called["body"], computations)
-      condition = kernels(called["condition"], computations)
+      body = kernels(called["body"], computations, shapes)
+      condition = kernels(called["condition"], computations, shapes)
       for total in totals:
         counts[total] += (int(trips.group(1)) if trips else 1) * (
-            body[total] + condition[total]) + 1
+            body[total] + condition[total]) + (0 if total.startswith("bytes") else 1)
     elif opcode == "conditional":
       counts["conditional"] += 1
       branches = _BRANCHES.search(line)
       names = ([b.strip().lstrip("%") for b in branches.group(1).split(",")] if branches else
                [called[k] for k in ("true_computation", "false_computation") if k in called])
-      runs = [kernels(b, computations) for b in names]
+      runs = [kernels(b, computations, shapes) for b in names]
       counts["per_iteration"] += 1 + max(r["per_iteration"] for r in runs)
       counts["per_iteration_min"] += 1 + min(r["per_iteration_min"] for r in runs)
+      counts["bytes_per_iteration"] += max(r["bytes_per_iteration"] for r in runs)
+      counts["bytes_per_iteration_min"] += min(r["bytes_per_iteration_min"] for r in runs)
     elif opcode == "call":
-      callee = kernels(called["to_apply"], computations)
+      callee = kernels(called["to_apply"], computations, shapes)
       for total in totals:
         counts[total] += callee[total]
     else:
       counts["fusion" if opcode == "fusion" else
              "custom-call" if opcode == "custom-call" else "unfused"] += 1
+      accessed = kernel_bytes(line, computations, shapes)
       for total in totals:
-        counts[total] += 1
+        counts[total] += accessed if total.startswith("bytes") else 1
   return dict(counts)
 
 
@@ -119,8 +229,10 @@ def iteration_body(text: str) -> Dict[str, int]:
     raise SystemExit("No loop in the program's entry computation: nothing to count.")
   best = max(loops, key=_trip_count)
   called = dict(_CALLED.findall(best))
-  counts = kernels(called["body"], computations)
-  condition = kernels(called["condition"], computations)
-  for total in ("per_iteration", "per_iteration_min"):
+  shapes = module_shapes(computations)
+  counts = kernels(called["body"], computations, shapes)
+  condition = kernels(called["condition"], computations, shapes)
+  for total in ("per_iteration", "per_iteration_min", "bytes_per_iteration",
+                "bytes_per_iteration_min"):
     counts[total] += condition[total]
   return counts

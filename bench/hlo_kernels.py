@@ -79,6 +79,9 @@ flags.DEFINE_integer("iterations", 4, "Iterations in the compiled chunk (any; th
 flags.DEFINE_enum("target", "local", ["local", "h200"], "The device to compile for: JAX's "
                   "default backend here, or an H200, compiled for on a host with no GPU "
                   "(needs JAX's CUDA plugin; see the module's docstring).")
+flags.DEFINE_enum("acting_apart", "auto", ["auto", "yes", "no"], "Whether the loop that learns "
+                  "keeps its acting forward apart from the learner's (auto: as a run does, "
+                  "agents.dqn.seed_layout.acting_apart).")
 flags.DEFINE_string("out", None, "Markdown table to write ('' : none; default "
                     "bench/results/hlo_kernels.md on the CPU, else hlo_kernels_<target or "
                     "backend>.md).")
@@ -137,7 +140,9 @@ def ours_hlo(place: Callable, platform: str, config: DQNConfig, experiment: Expe
 
     def chunk_text(warmup):
       return _compiled_text(
-          anakin_mode.chunk_fn(trainer, iterations, warmup, batched, unroll), state, first)
+          anakin_mode.chunk_fn(trainer, iterations, warmup, batched, unroll,
+                               {"auto": None, "yes": True, "no": False}[FLAGS.acting_apart]),
+          state, first)
     if not seed_layout.warmup_loops(batched):
       learning, warming_up = chunk_text(None), None
     else:
@@ -178,6 +183,7 @@ def main(argv):
     harness.bad_input(f"error: {cli.error_line(error)}")
   unroll = experiment.scan_unroll
   flagfiles += [f"--scan_unroll={unroll}"] if unroll > 1 else []
+  flagfiles += [f"--acting_apart={FLAGS.acting_apart}"] if FLAGS.acting_apart != "auto" else []
   builds = {f"ours ({', '.join(flagfiles) or 'default flags'})":
             functools.partial(ours_hlo, place, platform, config, experiment)}
   if FLAGS.purejaxrl_dir:
@@ -191,18 +197,23 @@ def main(argv):
   header = ["program", "env steps per iteration", "kernels per iteration that learns",
             "kernels per iteration that does not", "kernels per 1,000 env steps (learning "
             "at the program's rate)", "fusions", "unfused ops", "custom calls", "loops",
-            "conditionals", "build s"]
+            "conditionals", "MB per iteration that learns (modelled)",
+            "MB per iteration that does not", "build s"]
   rows = []
   results = {}
   for name, (text, warmup_text, steps, learning, per_step) in programs.items():
     counts = hlo_count.iteration_body(text)
     if warmup_text is not None:  # The warm-up's own loop: what an iteration that does not learn runs.
-      counts["per_iteration_min"] = hlo_count.iteration_body(warmup_text)["per_iteration"]
+      warmup = hlo_count.iteration_body(warmup_text)
+      counts["per_iteration_min"] = warmup["per_iteration"]
+      counts["bytes_per_iteration_min"] = warmup["bytes_per_iteration"]
     for total in ("per_iteration", "per_iteration_min"):  # A loop step runs `per_step` of them.
       per_iteration = round(counts[total] / per_step, 1)
       counts[total] = int(per_iteration) if per_iteration == int(per_iteration) else per_iteration
     counts["per_1000_steps"] = round(1000 * (learning * counts["per_iteration"] + (
         1 - learning) * counts["per_iteration_min"]) / steps)
+    for total in ("bytes_per_iteration", "bytes_per_iteration_min"):
+      counts[total.replace("bytes", "mb")] = round(counts.pop(total) / per_step / 1e6, 1)
     counts["build_s"] = round(build_s[name], 2)
     results[name] = counts
     harness.add_row(rows, "| " + " | ".join(str(x) for x in [
@@ -210,6 +221,7 @@ def main(argv):
         counts["per_1000_steps"], counts.get("fusion", 0),
         counts.get("unfused", 0),
         counts.get("custom-call", 0), counts.get("while", 0), counts.get("conditional", 0),
+        f"{counts['mb_per_iteration']:,.1f}", f"{counts['mb_per_iteration_min']:,.1f}",
         f"{build_s[name]:.1f}"]) + " |")
   seeds = f"{FLAGS.num_seeds} seed{'s' if FLAGS.num_seeds > 1 else ''} on one device"
   if target != "local":
@@ -227,7 +239,11 @@ def main(argv):
            f"not; a warm-up loop of its own for one that does not), {seeds}, in {backend}. "
            "build s: seconds to trace, lower and compile the counted programs one after "
            "another in this process (ours: two where the warm-up is a loop of its own, which "
-           "a run compiles side by side; PureJaxRL's: loading the script too)."]
+           "a run compiles side by side; PureJaxRL's: loading the script too). MB per "
+           "iteration: the modelled memory traffic of those kernels (bench/hlo_count.py: "
+           "each reads its operands and writes its result, gathers and slices only what "
+           "they take, in-place updates only the update), what sets an iteration's time "
+           "when many seeds stream their parameters and activations."]
   if unroll > 1:
     notes.append(f"With --scan_unroll={unroll} the fusions, unfused ops, custom calls, loops "
                  f"and conditionals are those of a loop step ({unroll} iterations); the "
@@ -238,7 +254,9 @@ def main(argv):
                  f"{ours['per_iteration'] / max(theirs['per_iteration'], 1):.2f}x learning, "
                  f"{ours['per_iteration_min'] / max(theirs['per_iteration_min'], 1):.2f}x "
                  "not learning; per 1,000 env steps "
-                 f"{ours['per_1000_steps'] / max(theirs['per_1000_steps'], 1):.2f}x.")
+                 f"{ours['per_1000_steps'] / max(theirs['per_1000_steps'], 1):.2f}x; modelled "
+                 "MB per iteration that learns "
+                 f"{ours['mb_per_iteration'] / max(theirs['mb_per_iteration'], 0.1):.2f}x.")
   for note in notes:
     print(note)
   out = FLAGS.out

@@ -1,21 +1,24 @@
-"""The anakin training chunk two ways: warm-up decided by a conditional, or run as loops of its own.
+"""The anakin training chunk three ways: warm-up decided by a conditional, or run as loops of its own,
+with or without the acting forward kept apart from the learner's.
 
   python -m bench.warmup_loops --flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg \\
       --seed_counts=1,32 --total_steps=20000 --repeats=6
 
 For each seed count, the chunk program of the command's run flags is
-compiled twice on one device (one seed unbatched, more vmapped, as
+compiled three times on one device (one seed unbatched, more vmapped, as
 launch.run_dqn lays out a device's block of seeds): once with a
 conditional on the iteration index that decides each iteration whether it
 learns (`train_chunk(..., warmup=None)`), once with the warm-up iterations
 as one loop and the learning iterations as another (`warmup=` the chunk's
-count). One run is init and every chunk of the plan with its metrics
-copied to the host (no evaluation). The two are called alternately, a
-warm-up pair first; each pair gives a ratio (env steps/s, loops over
-conditional) and the table prints the median and whether both trained the
-same parameters and metrics. `seed_layout.warmup_loops` picks between
-them on the CPU from these measurements (on an accelerator from the
-kernel counts of bench/hlo_kernels.py, until this bench runs there).
+count), and the loops again with `acting_apart` (an optimization barrier
+between the acting forward and the learner's, which a GPU compiler would
+otherwise merge into one matmul). One run is init and every chunk of the plan with its metrics
+copied to the host (no evaluation). The three are called in turn, a
+warm-up round first; each round gives ratios (env steps/s: loops over
+conditional, loops apart over loops) and the table prints their medians
+and whether all trained the same parameters and metrics.
+`seed_layout.warmup_loops` and `seed_layout.acting_apart` pick the
+structure from these measurements and the counts of bench/hlo_kernels.py.
 """
 
 import os
@@ -61,11 +64,12 @@ def programs(experiment, config, num_seeds: int):
   state_shape = jax.eval_shape(init_fn, keys)
   init = init_fn.lower(keys).compile()
   out = {}
-  for name, loops in (("conditional", False), ("loops", True)):
+  for name, loops, apart in (("conditional", False, False), ("loops", True, False),
+                             ("loops apart", True, True)):
     warmups = plan.chunk_warmups(trainer, loops)
     compiled, start = {}, time.perf_counter()
     for warmup in dict.fromkeys(warmups):
-      compiled[warmup] = jax.jit(plan.chunk_fn(trainer, warmup, batched),
+      compiled[warmup] = jax.jit(plan.chunk_fn(trainer, warmup, batched, apart),
                                  donate_argnums=0).lower(state_shape, np.int32(0)).compile()
     compile_s = time.perf_counter() - start
 
@@ -96,10 +100,11 @@ def main(argv):
   if not counts or min(counts) < 1:
     harness.bad_input(f"--seed_counts={','.join(FLAGS.seed_counts)}: give counts of 1 or more.")
   table = harness.PrintedTable(
-      ["seeds", "warm-up / chunk iterations", "compile s (conditional, loops)",
-       "conditional s", "loops s", "loops / conditional (env steps/s)", "same params (rows within 1e-5)"],
+      ["seeds", "warm-up / chunk iterations", "compile s (conditional, loops, loops apart)",
+       "conditional s", "loops s", "loops apart s", "loops / conditional (env steps/s)",
+       "loops apart / loops", "same params (rows within 1e-5)"],
       summary=harness.jax_here())
-  medians = []
+  medians, apart_medians = [], []
   for num_seeds in counts:
     with xla_setup.prng_impl(experiment.prng_impl):
       progs, plan, warmup = programs(experiment, config, num_seeds)
@@ -112,24 +117,30 @@ def main(argv):
           if repeat:
             times[name].append(time.perf_counter() - start)
     ratios = [c / l for c, l in zip(times["conditional"], times["loops"])]
+    apart = [l / a for l, a in zip(times["loops"], times["loops apart"])]
     medians.append(statistics.median(ratios))
-    (p_cond, rows_cond), (p_loops, rows_loops) = results["conditional"], results["loops"]
-    same = (checkpointing.params_checksum(p_cond) == checkpointing.params_checksum(p_loops)
-            and same_rows(rows_cond, rows_loops))
+    apart_medians.append(statistics.median(apart))
+    (p_cond, rows_cond) = results["conditional"]
+    same = all(checkpointing.params_checksum(p_cond) == checkpointing.params_checksum(p)
+               and same_rows(rows_cond, rows) for p, rows in results.values())
     table.add(
         f"| {num_seeds} | {warmup:,} / {plan.iterations_per_chunk:,} | "
-        f"{progs['conditional'][0]:.1f}, {progs['loops'][0]:.1f} | "
-        f"{statistics.median(times['conditional']):.2f} | "
-        f"{statistics.median(times['loops']):.2f} | {medians[-1]:.2f}x "
-        f"({min(ratios):.2f}-{max(ratios):.2f}) | {'yes' if same else 'NO'} |")
+        + ", ".join(f"{compile_s:.1f}" for compile_s, _ in progs.values()) + " | "
+        + " | ".join(f"{statistics.median(t):.2f}" for t in times.values())
+        + f" | {medians[-1]:.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | "
+        f"{apart_medians[-1]:.2f}x ({min(apart):.2f}-{max(apart):.2f}) | "
+        f"{'yes' if same else 'NO'} |")
   table.close(
       FLAGS.out or f"bench/results/warmup_loops_{jax.default_backend()}.md",
       f"compared: the training chunks of the command's run flags, {plan.num_chunks} chunk(s) of "
       f"{plan.iterations_per_chunk:,} iterations ({plan.env_steps:,} env steps per seed), "
-      "compiled with a per-iteration conditional and with the warm-up as a loop of its own, "
-      f"then called alternately, {FLAGS.repeats} timed pairs per seed count after a warm-up "
-      "pair; the median of the pairs' ratios: "
-      + ", ".join(f"{n} seed(s) {m:.2f}x" for n, m in zip(counts, medians)) + ".")
+      "compiled with a per-iteration conditional, with the warm-up as a loop of its own, and "
+      "with those loops acting apart from the learner's forward, then called in turn, "
+      f"{FLAGS.repeats} timed rounds per seed count after a warm-up round; the medians of the "
+      "rounds' ratios, loops / conditional: "
+      + ", ".join(f"{n} seed(s) {m:.2f}x" for n, m in zip(counts, medians))
+      + "; loops apart / loops: "
+      + ", ".join(f"{n} seed(s) {m:.2f}x" for n, m in zip(counts, apart_medians)) + ".")
 
 
 if __name__ == "__main__":

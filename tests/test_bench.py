@@ -139,7 +139,7 @@ def test_the_steady_bench_without_the_checkout_says_what_to_clone():
   assert "--purejaxrl_dir='': no purejaxrl/dqn.py there. Clone" in result.stderr
 
 
-def test_the_warmup_loops_bench_finds_both_chunk_structures_train_the_same(tmp_path):
+def test_the_warmup_loops_bench_finds_the_three_chunk_structures_train_the_same(tmp_path):
   out = tmp_path / "warmup_loops.md"
   subprocess.run(
       [sys.executable, "-m", "bench.warmup_loops",
@@ -148,6 +148,7 @@ def test_the_warmup_loops_bench_finds_both_chunk_structures_train_the_same(tmp_p
        f"--out={out}"], cwd=ROOT, check=True, capture_output=True, text=True, timeout=300)
   rows = [line for line in out.read_text().splitlines() if line.startswith("| 2 |")]
   assert len(rows) == 1 and rows[0].split("|")[2].strip() == "39 / 40", rows
+  assert len(rows[0].split("|")[3].split(",")) == 3, rows  # Three compile times.
   assert rows[0].rstrip(" |").endswith("yes"), rows
 
 
@@ -252,6 +253,77 @@ def test_hlo_kernels_counts_what_one_iteration_runs_in_a_small_hand_counted_modu
   # 2 + 16 + 1 + 1 not.
   assert (counts["per_iteration"], counts["per_iteration_min"]) == (22, 20)
   assert hlo_count.entry_trip_counts(_HLO) == [3]  # The entry's loop; the nested one is not.
+
+
+_TRAFFIC_HLO = """HloModule traffic
+
+%gather_rows (g.buf: f32[100,4], g.idx: s32[8,1]) -> f32[8,4] {
+  %g.buf = f32[100,4]{1,0} parameter(0)
+  %g.idx = s32[8,1]{1,0} parameter(1)
+  ROOT %g.rows = f32[8,4]{1,0} gather(%g.buf, %g.idx), offset_dims={1}, collapsed_slice_dims={0}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,4}
+}
+
+%insert_rows (u.buf: f32[100,4], u.rows: f32[2,4], u.at: s32[]) -> f32[100,4] {
+  %u.buf = f32[100,4]{1,0} parameter(0)
+  %u.rows = f32[2,4]{1,0} parameter(1)
+  %u.at = s32[] parameter(2)
+  %u.zero = s32[] constant(0)
+  ROOT %u.new = f32[100,4]{1,0} dynamic-update-slice(%u.buf, %u.rows, %u.at, %u.zero)
+}
+
+%two_out (t.p: f32[16], t.q: f32[16]) -> (f32[16], f32[1,4]) {
+  %t.p = f32[16]{0} parameter(0)
+  %t.q = f32[16]{0} parameter(1)
+  %t.sum = f32[16]{0} add(%t.q, %t.q)
+  %t.square = f32[4,4]{1,0} bitcast(%t.p)
+  %t.row = f32[1,4]{1,0} slice(%t.square), slice={[0:1], [0:4]}
+  ROOT %t.out = (f32[16]{0}, f32[1,4]{1,0}) tuple(%t.sum, %t.row)
+}
+
+%less (l.at: s32[]) -> pred[] {
+  %l.at = s32[] parameter(0)
+  %l.ten = s32[] constant(10)
+  ROOT %l.lt = pred[] compare(%l.at, %l.ten), direction=LT
+}
+
+%body (b.state: (f32[100,4], s32[8,1], f32[2,4], s32[], f32[16])) -> (f32[100,4], s32[8,1], f32[2,4], s32[], f32[16]) {
+  %b.state = (f32[100,4]{1,0}, s32[8,1]{1,0}, f32[2,4]{1,0}, s32[], f32[16]{0}) parameter(0)
+  %b.buf = f32[100,4]{1,0} get-tuple-element(%b.state), index=0
+  %b.idx = s32[8,1]{1,0} get-tuple-element(%b.state), index=1
+  %b.rows = f32[2,4]{1,0} get-tuple-element(%b.state), index=2
+  %b.at = s32[] get-tuple-element(%b.state), index=3
+  %b.v = f32[16]{0} get-tuple-element(%b.state), index=4
+  %b.sample = f32[8,4]{1,0} fusion(%b.buf, %b.idx), kind=kInput, calls=%gather_rows
+  %b.new = f32[100,4]{1,0} fusion(%b.buf, %b.rows, %b.at), kind=kLoop, calls=%insert_rows
+  %b.copy = f32[16]{0} copy(%b.v)
+  %b.two = (f32[16]{0}, f32[1,4]{1,0}) fusion(%b.copy, %b.v), kind=kLoop, calls=%two_out
+  ROOT %b.next = (f32[100,4]{1,0}, s32[8,1]{1,0}, f32[2,4]{1,0}, s32[], f32[16]{0}) tuple(%b.new, %b.idx, %b.rows, %b.at, %b.v)
+}
+
+%cond (c.state: (f32[100,4], s32[8,1], f32[2,4], s32[], f32[16])) -> pred[] {
+  %c.state = (f32[100,4]{1,0}, s32[8,1]{1,0}, f32[2,4]{1,0}, s32[], f32[16]{0}) parameter(0)
+  %c.at = s32[] get-tuple-element(%c.state), index=3
+  ROOT %c.lt = pred[] fusion(%c.at), kind=kLoop, calls=%less
+}
+
+ENTRY %main (m.state: (f32[100,4], s32[8,1], f32[2,4], s32[], f32[16])) -> (f32[100,4], s32[8,1], f32[2,4], s32[], f32[16]) {
+  %m.state = (f32[100,4]{1,0}, s32[8,1]{1,0}, f32[2,4]{1,0}, s32[], f32[16]{0}) parameter(0)
+  ROOT %m.loop = (f32[100,4]{1,0}, s32[8,1]{1,0}, f32[2,4]{1,0}, s32[], f32[16]{0}) while(%m.state), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"10"}}
+}
+"""
+
+
+def test_hlo_count_models_the_bytes_an_iteration_reads_and_writes_in_a_hand_counted_module():
+  assert hlo_count.shape_bytes("(f32[2,3]{1,0}, pred[4], bf16[8], s32[])") == 24 + 4 + 16 + 4
+  counts = hlo_count.iteration_body(_TRAFFIC_HLO)
+  assert counts["per_iteration"] == 5  # Gather, in-place update, copy, two-output fusion, test.
+  # The gather reads the 8 rows it takes (128 B, not the buffer's 1,600) and its indices (32),
+  # and writes 128; the in-place update reads and writes only its 2 rows (32 each) and reads
+  # its offset (4); the copy reads and writes 64; the two-output fusion reads all of one
+  # operand (64) but one row of the other (16) and writes 64 + 16; the loop's test reads 4
+  # and writes 1.
+  assert counts["bytes_per_iteration"] == (128 + 32 + 128) + (32 + 4 + 32) + (64 + 64) + (
+      64 + 16 + 64 + 16) + (4 + 1)
 
 
 @pytest.mark.parametrize("num_seeds, unroll, conditionals", [(1, 1, 1), (2, 1, 0), (1, 2, 2)])

@@ -42,12 +42,15 @@ from agents.dqn.run_loop import Source
 
 
 def chunk_fn(trainer: anakin_lib.Anakin, num_iterations: int, warmup: Optional[int],
-             batched: bool, unroll: int = 1):
+             batched: bool, unroll: int = 1, acting_apart: Optional[bool] = None):
   """`(state, first_iteration) -> (state, metrics)`: a chunk of `num_iterations` over a device's
-  block of seeds (`warmup`, `unroll`: see `acme_jax_dqn.anakin.Anakin.train_chunk`)."""
+  block of seeds (`warmup`, `unroll`, `acting_apart`: see
+  `acme_jax_dqn.anakin.Anakin.train_chunk`; `acting_apart` None: `seed_layout.acting_apart`)."""
+  if acting_apart is None:
+    acting_apart = seed_layout.acting_apart(batched)
   return seed_layout.over_seeds(
       functools.partial(trainer.train_chunk, num_iterations=num_iterations, warmup=warmup,
-                        unroll=unroll),
+                        unroll=unroll, acting_apart=acting_apart),
       batched, in_axes=(0, None))
 
 
@@ -84,9 +87,11 @@ class AnakinPlan:
     return [anakin_lib.chunk_warmup(trainer, c * n, n) if warmup_loops else None
             for c in range(self.num_chunks)]
 
-  def chunk_fn(self, trainer: anakin_lib.Anakin, warmup: Optional[int], batched: bool):
+  def chunk_fn(self, trainer: anakin_lib.Anakin, warmup: Optional[int], batched: bool,
+               acting_apart: Optional[bool] = None):
     """`(state, first_iteration) -> (state, metrics)`: one chunk over a device's block of seeds."""
-    return chunk_fn(trainer, self.iterations_per_chunk, warmup, batched, self.unroll)
+    return chunk_fn(trainer, self.iterations_per_chunk, warmup, batched, self.unroll,
+                    acting_apart)
 
   def as_dict(self) -> Dict[str, int]:
     """What a resumed run must share with the saved one (its compiled chunk and budget)."""

@@ -149,6 +149,25 @@ def warmup_loops(batched: bool) -> bool:
   return batched or xla_setup.target_platform() != "cpu"
 
 
+def acting_apart(batched: bool) -> bool:
+  """Whether the loop that learns keeps its acting forward apart from the learner's forward.
+
+  XLA's GPU compiler merges two matmuls on the same parameters into one over
+  the concatenated inputs (its dot merger): the 10 acting observations and
+  the 128 of the learner's batch then go through each layer together. For
+  one seed that saves kernels (an H200 iteration of the PureJaxRL preset
+  runs 78 instead of 81, bench/hlo_kernels.py --target=h200). Over 2,048
+  vmapped seeds the concatenations and slices around the merged matmuls
+  move about a fifth of the iteration's memory traffic (the bytes of the
+  operands and results of its kernels, counted in the optimized H200 HLO),
+  and a program that learned inside a conditional, which keeps the two
+  apart, ran 1.14x the merged one (bench/results/warmup_loops_h200.md). So
+  a batch of seeds on an accelerator keeps them apart (an optimization
+  barrier; the same values). The CPU compiler does not merge them.
+  """
+  return batched and xla_setup.target_platform() != "cpu"
+
+
 def over_seeds(fn, batched: bool, in_axes=0):
   """`fn` over a device's block of seeds: vmapped, or (`batched` False) for a block of one seed,
   run unbatched.

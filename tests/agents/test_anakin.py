@@ -211,6 +211,39 @@ def test_an_unrolled_chunk_trains_what_the_rolled_chunk_trains():
       same(np.asarray(row[name], np.float64), np.asarray(unrolled_row[name], np.float64))
 
 
+def test_acting_apart_puts_a_barrier_before_the_acting_forward_and_trains_the_same():
+  """With `acting_apart` the loop that learns acts on the online parameters through an
+  optimization barrier (so that a GPU compiler cannot merge the acting forward into the
+  learner's): only that program holds one, and two vmapped seeds train the same parameters and
+  row as without it. `seed_layout.acting_apart` picks it for a batch of seeds built for an
+  accelerator, never for one seed or the CPU."""
+  from agents.dqn import anakin as anakin_mode  # pylint: disable=import-outside-toplevel
+  config = _tiny_config(min_replay_size=300)  # 4 inserts per iteration: iteration 74 learns.
+  env = envs.make_jax_environment("gymnax:CartPole-v1")
+  builder = DQNBuilder(config)
+  trainer = builder.make_anakin(env, builder.make_networks(env.spec), eval_episodes=2)
+  keys = jnp.stack([jax.random.PRNGKey(s) for s in range(2)])
+  start = jax.jit(seed_layout.over_seeds(trainer.init, True))(keys)
+
+  def run(acting_apart):  # Iterations 60-79: 14 of warm-up, 6 that learn.
+    chunk = anakin_mode.chunk_fn(trainer, 20, 14, True, acting_apart=acting_apart)
+    barriers = str(jax.make_jaxpr(chunk)(start, np.int32(60))).count("optimization_barrier")
+    state, metrics = jax.jit(chunk)(start, np.int32(60))
+    return barriers, jax.device_get(state.learner.online_params), jax.device_get(metrics)
+
+  barriers, params, row = run(False)
+  apart_barriers, apart_params, apart_row = run(True)
+  assert (barriers, apart_barriers) == (0, 1)
+  assert np.all(np.asarray(row["learner_steps"]) == 6)
+  jax.tree.map(np.testing.assert_array_equal, params, apart_params)
+  assert set(row) == set(apart_row)
+  for name in row:
+    np.testing.assert_array_equal(np.asarray(row[name]), np.asarray(apart_row[name]))
+  assert not seed_layout.acting_apart(True) and not seed_layout.acting_apart(False)
+  with xla_setup.building_for("gpu"):
+    assert seed_layout.acting_apart(True) and not seed_layout.acting_apart(False)
+
+
 def test_scan_unroll_runs_several_iterations_per_loop_step_of_the_runs_chunk():
   """In the chunk program a run with `scan_unroll` builds (`AnakinPlan.chunk_fn`), the loop
   over a learning chunk's 12 iterations steps 12 times, or 6 with `scan_unroll`=2."""
