@@ -9,6 +9,7 @@ environment copy is seed 1's first).
 """
 
 import enum
+from typing import Sequence
 
 import jax
 import numpy as np
@@ -39,6 +40,19 @@ def derive_seed(seed: int, *path: int) -> int:
 def derive_key(seed: int, *path: int) -> jax.Array:
   """`jax.random.PRNGKey` of `derive_seed(seed, *path)`."""
   return jax.random.PRNGKey(derive_seed(seed, *path))
+
+
+def keys_of(seeds: Sequence[int]) -> np.ndarray:
+  """`jax.random.PRNGKey(s)` of each seed, stacked on the host: [len(seeds), key words].
+
+  Many seeds that fit in int32 take one compiled call, with the same keys
+  (2,048 threefry keys: 0.06 s against 0.4 s one by one on 2 CPU cores,
+  each a dispatch and a copy back); a few, or larger ones, go one by one.
+  The key implementation is the one in force (`xla_setup.prng_impl`).
+  """
+  if len(seeds) > 64 and all(0 <= s < 2**31 for s in seeds):
+    return np.asarray(jax.jit(jax.vmap(jax.random.PRNGKey))(np.asarray(seeds, np.int32)))
+  return np.stack([np.asarray(jax.random.PRNGKey(s)) for s in seeds])
 
 
 def copy_seeds(seed: int, count: int) -> list:

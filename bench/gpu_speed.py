@@ -62,6 +62,13 @@ def ours(num_seeds: int, env: str, tag: str) -> dict:
           "eval_s": s["eval_s"], "summary": s}
 
 
+def phases_line(name: str, mine: dict) -> str:
+  """Where our compile_s went: the build's steps in the order they ended."""
+  phases = sorted(mine["summary"].get("compile_phases_s", {}).items(), key=lambda kv: kv[1])
+  return (f"ours, {name}: compile {mine['compile_s']:.1f} s; building the trainer: "
+          + ", ".join(f"{step} {t:.1f}" for step, t in phases) + " s from its start.")
+
+
 def check_peer(checkout: str) -> None:
   """Loads the checkout's script, so that a missing or other checkout stops the bench before
   any run, with this process on JAX's CPU backend: it times nothing itself, and a GPU client
@@ -76,7 +83,7 @@ def main(argv):
   check_peer(FLAGS.purejaxrl_dir)
   header = ["program", "env", "seeds", "compile s", "env steps/s after compile (all seeds)",
             "ours / PureJaxRL", "of which evaluation s"]
-  rows, goals, summary = [], [], None
+  rows, goals, phases, summary = [], [], [], None
   for num_seeds in map(int, FLAGS.num_seeds):
     for repeat in range(FLAGS.repeats):
       theirs = peer(num_seeds)
@@ -89,6 +96,7 @@ def main(argv):
       harness.add_row(rows, f"| ours | CartPole-v1 | {num_seeds} | {mine['compile_s']:.1f} | "
                       f"{mine['sps_after_compile']:,.0f} | **{ratio:.2f}x** | "
                       f"{mine['eval_s']:.3f} |")
+      phases.append(phases_line(f"CartPole, {num_seeds} seed(s), pair {repeat + 1}", mine))
       goals.append(f"{num_seeds} seed(s), pair {repeat + 1}: {ratio:.2f}x PureJaxRL's env "
                    f"steps/s (goal >= {GOAL_RATIO}: "
                    f"{'met' if ratio >= GOAL_RATIO else 'missed'}); compile "
@@ -97,6 +105,7 @@ def main(argv):
                    f"{'met' if compile_ok else 'missed'}).")
   for num_seeds in map(int, FLAGS.minatar_seeds):
     mine = ours(num_seeds, "gymnax:Breakout-MinAtar", f"breakout_{num_seeds}")
+    phases.append(phases_line(f"Breakout-MinAtar, {num_seeds} seed(s)", mine))
     harness.add_row(rows, f"| ours | Breakout-MinAtar | {num_seeds} | {mine['compile_s']:.1f} | "
                     f"{mine['sps_after_compile']:,.0f} | | {mine['eval_s']:.3f} |")
     if num_seeds == 1:
@@ -112,7 +121,7 @@ def main(argv):
   backend = (summary or {}).get("backend", "cpu")
   out = FLAGS.out or ("bench/results/gpu_speed.md" if backend == "gpu" else
                       f"bench/results/purejaxrl_speed_{backend}.md")
-  notes = [compared, ""] + [f"- {g}" for g in goals]
+  notes = [compared, ""] + [f"- {g}" for g in goals] + [""] + [f"- {p}" for p in phases]
   print("\n".join(notes))
   harness.write_table(out, harness.command_line(), header, rows, notes=notes, summary=summary)
 

@@ -69,9 +69,8 @@ def ours_program(experiment, config):
   num_seeds = experiment.num_seeds
   batched = seed_layout.runs_batched(num_seeds, experiment.prng_impl)  # run_dqn's rule.
   seeds = [experiment.seed + i for i in range(num_seeds)]
-  keys = np.stack([np.asarray(jax.random.PRNGKey(s)) for s in seeds])
-  eval_keys = np.stack([np.asarray(seeding.derive_key(s, seeding.Stream.EVAL_KEYS))
-                        for s in seeds])
+  keys = seeding.keys_of(seeds)  # As AnakinSource makes them.
+  eval_keys = seeding.keys_of([seeding.derive_seed(s, seeding.Stream.EVAL_KEYS) for s in seeds])
   init = jax.jit(seed_layout.over_seeds(trainer.init, batched))
   warmups = plan.chunk_warmups(trainer, seed_layout.warmup_loops(batched))
   chunk = {w: jax.jit(plan.chunk_fn(trainer, w, batched), donate_argnums=0)

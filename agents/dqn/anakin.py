@@ -20,6 +20,7 @@ accelerator only for those two.
 import concurrent.futures
 import functools
 import math
+import time
 from typing import Any, Dict, List, Optional
 
 import jax
@@ -188,6 +189,21 @@ class AnakinSource(Source):
   def __init__(self, experiment: ExperimentConfig, config: DQNConfig,
                compile_workers: Optional[int] = None):
     """`compile_workers`: programs compiled at once (default: all of them)."""
+    built = time.perf_counter()
+    # When each step of the build ended, in seconds from here (summary.json's
+    # `compile_phases_s`; `compile_s` also holds what comes before and after the build).
+    self._phases: Dict[str, float] = {}
+
+    def phase(name: str) -> None:
+      self._phases[name] = round(time.perf_counter() - built, 3)
+
+    def compile_then_note(lowered, name: str):
+      def run():
+        compiled = lowered.compile()
+        phase(name)  # Before the future holds it: a wait on it sees the phase.
+        return compiled
+      return run
+
     self._experiment, self._config = experiment, config
     try:  # Bad input: a non-JAX env, an unknown id, actions or observations the network cannot take.
       env = envs.make_jax_environment(experiment.env)
@@ -212,10 +228,10 @@ class AnakinSource(Source):
         run_checkpoints.close()
     num_seeds = experiment.num_seeds
     self.seeds = seeds = [experiment.seed + i for i in range(num_seeds)]
-    train_keys = np.stack([np.asarray(jax.random.PRNGKey(s)) for s in seeds])
+    train_keys = seeding.keys_of(seeds)
     # Evaluation has its own stream per seed.
-    self._eval_keys = np.stack([np.asarray(seeding.derive_key(s, seeding.Stream.EVAL_KEYS))
-                                for s in seeds])
+    self._eval_keys = seeding.keys_of([seeding.derive_seed(s, seeding.Stream.EVAL_KEYS)
+                                       for s in seeds])
     self._mesh = mesh = seed_layout.seed_mesh(
         num_seeds, experiment.cpu_devices,
         networks_lib.choose_torso(env.spec.observations.shape, config.torso),
@@ -242,15 +258,20 @@ class AnakinSource(Source):
     # accelerator trains while the host compiles the later programs.
     compiles = _compile_queue(compile_workers)
     first, *later = dict.fromkeys(self._warmups)
-    init_program = compiles.submit(init.lower(train_keys).compile)
+    init_program = compiles.submit(compile_then_note(init.lower(train_keys), "init_compiled"))
+    phase("init_lowered")
     self._chunk_programs: Dict[Optional[int], Any] = {
-        first: compiles.submit(lower_chunk(first).compile)}
-    self._evaluate = compiles.submit(jax.jit(seed_layout.per_device(
+        first: compiles.submit(compile_then_note(lower_chunk(first), "first_chunk_compiled"))}
+    phase("first_chunk_lowered")
+    self._evaluate = compiles.submit(compile_then_note(jax.jit(seed_layout.per_device(
         seed_layout.over_seeds(indexed_evaluation(trainer), batched, in_axes=(0, 0, None)),
         mesh, (P("seeds"), P("seeds"), P()))).lower(
-            state_shape.learner.online_params, self._eval_keys, np.int32(0)).compile)
+            state_shape.learner.online_params, self._eval_keys, np.int32(0)),
+        "evaluation_compiled"))
     for w in later:
-      self._chunk_programs[w] = compiles.submit(lower_chunk(w).compile)
+      self._chunk_programs[w] = compiles.submit(compile_then_note(
+          lower_chunk(w), f"chunk_{len(self._chunk_programs) + 1}_compiled"))
+    phase("all_lowered")
     compiles.shutdown(wait=False)
     self._state = init_program.result()(train_keys)
     waits = ([self._evaluate, *self._chunk_programs.values()] if jax.default_backend() == "cpu"
@@ -258,6 +279,7 @@ class AnakinSource(Source):
     for program in waits:
       program.result()  # Raises what a compile raised.
     jax.block_until_ready(self._state)
+    phase("ready")  # The init has run and what the first advance needs is compiled.
     self._chunks, self._first_step = 0, 0
     self._metrics: Dict[str, Any] = {}
     self._last_row: Dict[str, Any] = {}
@@ -357,4 +379,5 @@ class AnakinSource(Source):
         params_checksum_per_seed=[
             checkpointing.params_checksum(jax.tree.map(lambda x, i=i: x[i], online_params))
             for i in range(num_seeds)],
-        nonfinite_updates=int(np.sum(jax.device_get(self._state.learner.nonfinite_updates))))
+        nonfinite_updates=int(np.sum(jax.device_get(self._state.learner.nonfinite_updates))),
+        compile_phases_s=dict(self._phases))

@@ -1,9 +1,12 @@
 """Seeds of a run's streams: derived from the run seed, distinct within a run and across runs."""
 
+import jax
 import numpy as np
+import pytest
 
 from acme_jax_dqn import envs
 from acme_jax_dqn import seeding
+from acme_jax_dqn import xla_setup
 from acme_jax_dqn.seeding import Stream
 
 
@@ -62,3 +65,16 @@ def test_env_copies_start_apart_and_apart_from_the_next_seeds_copies():
   np.testing.assert_array_equal(one.reset().observation,
                                 envs.make_environment("gymnasium:CartPole-v1",
                                                       seed=0).reset().observation)
+
+
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg", "unsafe_rbg"])
+def test_keys_of_many_seeds_in_one_call_are_each_seeds_prngkey(impl):
+  """Many seeds take one compiled call; each key is `jax.random.PRNGKey` of its seed, under
+  every key implementation, also at the ends of int32; a seed past int32 goes one by one."""
+  seeds = [0, 1, 2**31 - 1] + list(range(1000, 1100))
+  with xla_setup.prng_impl(impl):
+    expected = np.stack([np.asarray(jax.random.PRNGKey(s)) for s in seeds])
+    np.testing.assert_array_equal(seeding.keys_of(seeds), expected)
+    wide = seeds + [2**33 + 5]
+    last = np.asarray(jax.random.PRNGKey(wide[-1]))[None]
+    np.testing.assert_array_equal(seeding.keys_of(wide), np.concatenate([expected, last]))

@@ -331,6 +331,16 @@ def test_a_device_with_a_batch_of_seeds_runs_the_warmup_as_loops(tmp_path, monke
   assert loops["seed_devices"] == conditional["seed_devices"] == 1
   assert loops["learner_steps"] == conditional["learner_steps"] == 600 - 124
   assert loops["params_checksum"] == conditional["params_checksum"]
+  # Where compile_s went: each program is lowered before it compiles, and a CPU run is ready
+  # once every program has compiled and the init has run, within compile_s.
+  phases = loops["compile_phases_s"]
+  assert set(phases) == {"init_lowered", "init_compiled", "first_chunk_lowered",
+                         "first_chunk_compiled", "evaluation_compiled", "chunk_2_compiled",
+                         "all_lowered", "ready"}, phases
+  assert phases["init_lowered"] <= phases["first_chunk_lowered"] <= phases["all_lowered"]
+  assert phases["init_lowered"] <= phases["init_compiled"]
+  assert phases["first_chunk_lowered"] <= phases["first_chunk_compiled"]
+  assert max(phases.values()) == phases["ready"] <= loops["compile_s"]
 
 
 @pytest.mark.parametrize("workers, most_at_once", [(None, [2, 3, 4]), (1, [1])])
