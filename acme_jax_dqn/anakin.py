@@ -115,7 +115,8 @@ class Anakin(NamedTuple):
       reads the online parameters through an optimization barrier, so that
       XLA's GPU compiler does not merge it with the learner's forward on the
       same parameters into one matmul over the concatenated inputs. The
-      same values; see `agents.dqn.seed_layout.acting_apart` for when.
+      same computation; see `agents.dqn.seed_layout.acting_apart` for when.
+      A chunk with the conditional (`warmup` None) has no such loop.
     evaluate: (params, key) -> returns [eval_episodes] of the greedy policy.
     learn: state -> (state, metrics); the learner calls of one iteration.
     learner_step: the kit's `learner_step(state, buffer)`, shared with the local Learner.

@@ -29,8 +29,8 @@ _CALLED = re.compile(r"(body|condition|calls|to_apply|true_computation|false_com
                      r"%?([\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
-_ARRAY = re.compile(r"\b(pred|bf16|[suf]\d+|c64|c128)\[([\d,]*)\]")
-_WIDTH = {"pred": 1, "bf16": 2, "c64": 8, "c128": 16}
+_ARRAY = re.compile(r"\b(pred|bf16|c64|c128|[suf](\d+)\w*)\[([\d,]*)\]")  # f8e4m3fn[..]: 8 bits.
+_BITS = {"pred": 8, "bf16": 16, "c64": 64, "c128": 128}
 _PARTIAL_READS = ("gather", "slice", "dynamic-slice")
 _IN_PLACE = {"dynamic-update-slice": 1, "scatter": 2}  # The operand that is the update.
 _VIEWS = ("bitcast", "reshape")
@@ -51,10 +51,9 @@ def _opcode(rhs: str) -> str:
 
 
 def shape_bytes(shape: str) -> int:
-  """The bytes of an HLO shape's arrays (a tuple's summed)."""
-  return sum((_WIDTH.get(dtype) or max(1, int(dtype[1:]) // 8)) *
-             math.prod(int(d) for d in dims.split(",") if d)
-             for dtype, dims in _ARRAY.findall(shape))
+  """The bytes of an HLO shape's arrays (a tuple's summed; sub-byte types packed)."""
+  return sum(-(-(_BITS.get(dtype) or int(width)) * math.prod(int(d) for d in dims.split(",") if d)
+               // 8) for dtype, width, dims in _ARRAY.findall(shape))
 
 
 def parts(line: str) -> Tuple[str, str, str, List[str]]:
@@ -78,6 +77,7 @@ def _accessed(lines: List[str], operand_shapes: List[str]) -> int:
   `operand_shapes` are the kernel's operands, `parameter(i)` in `lines`."""
   instructions = [parts(line) for line in lines]
   shapes = {name: shape for name, shape, _, _ in instructions}
+  ops_of = {name: (opcode, operands) for name, _, opcode, operands in instructions}
   users = collections.defaultdict(list)
   params = {}
   for line, (name, _, opcode, operands) in zip(lines, instructions):
@@ -90,8 +90,8 @@ def _accessed(lines: List[str], operand_shapes: List[str]) -> int:
     """Bytes read of `name` when every use takes part of it (None: all of it)."""
     total = 0
     for user, opcode, position in users[name]:
-      if opcode in _VIEWS:
-        part = read(user)
+      if opcode in _VIEWS:  # A view that is itself a result (no users) is all of it.
+        part = read(user) if users[user] else None
       elif position == 0 and opcode in _PARTIAL_READS:
         part = shape_bytes(shapes[user])
       elif position == 0 and opcode in _IN_PLACE:
@@ -103,19 +103,26 @@ def _accessed(lines: List[str], operand_shapes: List[str]) -> int:
       total += part
     return total
 
+  def param_view(name: str) -> bool:
+    """Whether `name` is a parameter, or a view of one (what XLA can update in place)."""
+    opcode, operands = ops_of[name]
+    return opcode == "parameter" or (opcode in _VIEWS and param_view(operands[0]))
+
   def written(name: str) -> int:
-    opcode, operands = next((o, ops) for n, _, o, ops in instructions if n == name)
+    opcode, operands = ops_of[name]
     if opcode == "tuple":
       return sum(written(operand) for operand in operands)
-    if opcode in _IN_PLACE:
+    if opcode in _VIEWS:
+      return written(operands[0])
+    if opcode in _IN_PLACE and param_view(operands[0]):
       return shape_bytes(shapes[operands[_IN_PLACE[opcode]]])
     return shape_bytes(shapes[name])
 
   total = written(instructions[-1][0] if not any(l.startswith("ROOT") for l in lines) else
                   next(parts(l)[0] for l in lines if l.startswith("ROOT")))
   for name, index in params.items():
-    part = read(name)
-    total += shape_bytes(operand_shapes[index]) if part is None else part
+    part, whole = read(name), shape_bytes(operand_shapes[index])
+    total += whole if part is None else min(part, whole)  # Overlapping parts: at most all.
   return total
 
 

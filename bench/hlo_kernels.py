@@ -181,6 +181,15 @@ def main(argv):
     config, experiment = launch_flags.config_from_flags(), launch_flags.experiment_from_flags()
   except ConfigError as error:
     harness.bad_input(f"error: {cli.error_line(error)}")
+  if FLAGS.acting_apart != "auto":
+    with xla_setup.building_for(platform):
+      loops = seed_layout.warmup_loops(
+          seed_layout.runs_batched(experiment.num_seeds, experiment.prng_impl))
+    if not loops:
+      harness.bad_input(f"--acting_apart={FLAGS.acting_apart}: one seed on the CPU decides "
+                        "each iteration's learning with a conditional, whose chunk has no loop "
+                        "that both acts and learns; pass --num_seeds=2 or more, or "
+                        "--target=h200.")
   unroll = experiment.scan_unroll
   flagfiles += [f"--scan_unroll={unroll}"] if unroll > 1 else []
   flagfiles += [f"--acting_apart={FLAGS.acting_apart}"] if FLAGS.acting_apart != "auto" else []
@@ -242,8 +251,8 @@ def main(argv):
            "a run compiles side by side; PureJaxRL's: loading the script too). MB per "
            "iteration: the modelled memory traffic of those kernels (bench/hlo_count.py: "
            "each reads its operands and writes its result, gathers and slices only what "
-           "they take, in-place updates only the update), what sets an iteration's time "
-           "when many seeds stream their parameters and activations."]
+           "they take, in-place updates only the update; no cache), a bound on an "
+           "iteration's time when many seeds stream their parameters and activations."]
   if unroll > 1:
     notes.append(f"With --scan_unroll={unroll} the fusions, unfused ops, custom calls, loops "
                  f"and conditionals are those of a loop step ({unroll} iterations); the "

@@ -17,8 +17,10 @@ copied to the host (no evaluation). The three are called in turn, a
 warm-up round first; each round gives ratios (env steps/s: loops over
 conditional, loops apart over loops) and the table prints their medians
 and whether all trained the same parameters and metrics.
-`seed_layout.warmup_loops` and `seed_layout.acting_apart` pick the
-structure from these measurements and the counts of bench/hlo_kernels.py.
+`seed_layout.warmup_loops` picks between the first two on the CPU from
+these measurements; on a GPU it and `seed_layout.acting_apart` pick from
+the kernel counts and modelled bytes of bench/hlo_kernels.py and the one
+H200 run of this bench on record, which timed the first two only.
 """
 
 import os

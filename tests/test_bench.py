@@ -184,6 +184,7 @@ def test_the_compile_time_bench_times_three_schedules_of_the_run_dqn_build(tmp_p
     ("hlo_kernels", ["--target=h200", "--prioritized"],
      "--target=h200 with --prioritized: flashbax builds prioritized replay"),
     ("hlo_kernels", ["--scan_unroll=0"], "error: --scan_unroll=0: must be at least 1."),
+    ("hlo_kernels", ["--acting_apart=yes"], "--acting_apart=yes: one seed on the CPU decides"),
 ])
 def test_bad_anakin_bench_input_is_one_line_and_exit_code_2(bench, args, expected):
   result = subprocess.run(
@@ -263,6 +264,12 @@ _TRAFFIC_HLO = """HloModule traffic
   ROOT %g.rows = f32[8,4]{1,0} gather(%g.buf, %g.idx), offset_dims={1}, collapsed_slice_dims={0}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,4}
 }
 
+%spread_rows (w.table: f32[2,4], w.idx: s32[8,1]) -> f32[8,4] {
+  %w.table = f32[2,4]{1,0} parameter(0)
+  %w.idx = s32[8,1]{1,0} parameter(1)
+  ROOT %w.rows = f32[8,4]{1,0} gather(%w.table, %w.idx), offset_dims={1}, collapsed_slice_dims={0}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,4}
+}
+
 %insert_rows (u.buf: f32[100,4], u.rows: f32[2,4], u.at: s32[]) -> f32[100,4] {
   %u.buf = f32[100,4]{1,0} parameter(0)
   %u.rows = f32[2,4]{1,0} parameter(1)
@@ -280,10 +287,75 @@ _TRAFFIC_HLO = """HloModule traffic
   ROOT %t.out = (f32[16]{0}, f32[1,4]{1,0}) tuple(%t.sum, %t.row)
 }
 
+%mixed (m.p: f32[100,4], m.q: f32[16], m.r: s32[], m.unused: f32[2,4]) -> (f32[100,4], f32[16], f32[2]) {
+  %m.p = f32[100,4]{1,0} parameter(0)
+  %m.q = f32[16]{0} parameter(1)
+  %m.r = s32[] parameter(2)
+  %m.unused = f32[2,4]{1,0} parameter(3)
+  %m.zero = s32[] constant(0)
+  %m.row = f32[1,4]{1,0} dynamic-slice(%m.p, %m.r, %m.zero), dynamic_slice_sizes={1,4}
+  %m.twice = f32[16]{0} add(%m.q, %m.q)
+  %m.head = f32[2]{0} slice(%m.q), slice={[0:2]}
+  %m.fill = f32[] constant(0)
+  %m.blank = f32[100,4]{1,0} broadcast(%m.fill), dimensions={}
+  %m.new = f32[100,4]{1,0} dynamic-update-slice(%m.blank, %m.row, %m.r, %m.zero)
+  ROOT %m.out = (f32[100,4]{1,0}, f32[16]{0}, f32[2]{0}) tuple(%m.new, %m.twice, %m.head)
+}
+
+%as_square (v.x: f32[16]) -> f32[4,4] {
+  %v.x = f32[16]{0} parameter(0)
+  ROOT %v.square = f32[4,4]{1,0} bitcast(%v.x)
+}
+
+%sum (a.x: f32[], a.y: f32[]) -> f32[] {
+  %a.x = f32[] parameter(0)
+  %a.y = f32[] parameter(1)
+  ROOT %a.s = f32[] add(%a.x, %a.y)
+}
+
+%scatter_rows (s.buf: f32[100,4], s.idx: s32[8,1], s.rows: f32[8,4]) -> f32[100,4] {
+  %s.buf = f32[100,4]{1,0} parameter(0)
+  %s.idx = s32[8,1]{1,0} parameter(1)
+  %s.rows = f32[8,4]{1,0} parameter(2)
+  ROOT %s.new = f32[100,4]{1,0} scatter(%s.buf, %s.idx, %s.rows), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%sum
+}
+
 %less (l.at: s32[]) -> pred[] {
   %l.at = s32[] parameter(0)
   %l.ten = s32[] constant(10)
   ROOT %l.lt = pred[] compare(%l.at, %l.ten), direction=LT
+}
+
+%first_positive (f.x: f32[16]) -> pred[] {
+  %f.x = f32[16]{0} parameter(0)
+  %f.head = f32[1]{0} slice(%f.x), slice={[0:1]}
+  %f.scalar = f32[] reshape(%f.head)
+  %f.zero = f32[] constant(0)
+  ROOT %f.gt = pred[] compare(%f.scalar, %f.zero), direction=GT
+}
+
+%inner_body (i.state: (f32[16])) -> (f32[16]) {
+  %i.state = (f32[16]{0}) parameter(0)
+  %i.x = f32[16]{0} get-tuple-element(%i.state), index=0
+  %i.copy = f32[16]{0} copy(%i.x)
+  ROOT %i.next = (f32[16]{0}) tuple(%i.copy)
+}
+
+%inner_cond (c2.state: (f32[16])) -> pred[] {
+  %c2.state = (f32[16]{0}) parameter(0)
+  %c2.x = f32[16]{0} get-tuple-element(%c2.state), index=0
+  ROOT %c2.go = pred[] fusion(%c2.x), kind=kLoop, calls=%first_positive
+}
+
+%heavy (h.x: f32[16]) -> f32[16] {
+  %h.x = f32[16]{0} parameter(0)
+  %h.one = f32[16]{0} copy(%h.x)
+  ROOT %h.two = f32[16]{0} copy(%h.one)
+}
+
+%light (k.x: f32[16]) -> f32[16] {
+  %k.x = f32[16]{0} parameter(0)
+  ROOT %k.one = f32[16]{0} copy(%k.x)
 }
 
 %body (b.state: (f32[100,4], s32[8,1], f32[2,4], s32[], f32[16])) -> (f32[100,4], s32[8,1], f32[2,4], s32[], f32[16]) {
@@ -297,7 +369,15 @@ _TRAFFIC_HLO = """HloModule traffic
   %b.new = f32[100,4]{1,0} fusion(%b.buf, %b.rows, %b.at), kind=kLoop, calls=%insert_rows
   %b.copy = f32[16]{0} copy(%b.v)
   %b.two = (f32[16]{0}, f32[1,4]{1,0}) fusion(%b.copy, %b.v), kind=kLoop, calls=%two_out
-  ROOT %b.next = (f32[100,4]{1,0}, s32[8,1]{1,0}, f32[2,4]{1,0}, s32[], f32[16]{0}) tuple(%b.new, %b.idx, %b.rows, %b.at, %b.v)
+  %b.mixed = (f32[100,4]{1,0}, f32[16]{0}, f32[2]{0}) fusion(%b.buf, %b.v, %b.at, %b.rows), kind=kLoop, calls=%mixed
+  %b.scattered = f32[100,4]{1,0} fusion(%b.new, %b.idx, %b.sample), kind=kInput, calls=%scatter_rows
+  %b.square = f32[4,4]{1,0} fusion(%b.v), kind=kLoop, calls=%as_square
+  %b.spread = f32[8,4]{1,0} fusion(%b.rows, %b.idx), kind=kInput, calls=%spread_rows
+  %b.start = (f32[16]{0}) tuple(%b.v)
+  %b.inner = (f32[16]{0}) while(%b.start), condition=%inner_cond, body=%inner_body, backend_config={"known_trip_count":{"n":"3"}}
+  %b.pred = pred[] fusion(%b.at), kind=kLoop, calls=%less
+  %b.branch = f32[16]{0} conditional(%b.pred, %b.v, %b.v), branch_computations={%heavy, %light}
+  ROOT %b.next = (f32[100,4]{1,0}, s32[8,1]{1,0}, f32[2,4]{1,0}, s32[], f32[16]{0}) tuple(%b.scattered, %b.idx, %b.rows, %b.at, %b.branch)
 }
 
 %cond (c.state: (f32[100,4], s32[8,1], f32[2,4], s32[], f32[16])) -> pred[] {
@@ -314,16 +394,33 @@ ENTRY %main (m.state: (f32[100,4], s32[8,1], f32[2,4], s32[], f32[16])) -> (f32[
 
 
 def test_hlo_count_models_the_bytes_an_iteration_reads_and_writes_in_a_hand_counted_module():
-  assert hlo_count.shape_bytes("(f32[2,3]{1,0}, pred[4], bf16[8], s32[])") == 24 + 4 + 16 + 4
+  assert hlo_count.shape_bytes(
+      "(f32[2,3]{1,0}, pred[4], bf16[8], s32[], f8e4m3fn[10], s4[3])") == 24 + 4 + 16 + 4 + 10 + 2
   counts = hlo_count.iteration_body(_TRAFFIC_HLO)
-  assert counts["per_iteration"] == 5  # Gather, in-place update, copy, two-output fusion, test.
-  # The gather reads the 8 rows it takes (128 B, not the buffer's 1,600) and its indices (32),
-  # and writes 128; the in-place update reads and writes only its 2 rows (32 each) and reads
-  # its offset (4); the copy reads and writes 64; the two-output fusion reads all of one
-  # operand (64) but one row of the other (16) and writes 64 + 16; the loop's test reads 4
-  # and writes 1.
-  assert counts["bytes_per_iteration"] == (128 + 32 + 128) + (32 + 4 + 32) + (64 + 64) + (
-      64 + 16 + 64 + 16) + (4 + 1)
+  # Kernels: 2 gathers, update, copy, two-output fusion, mixed fusion, scatter, view, the nested loop
+  # (3 trips x (copy + test) + 1), the predicate, the conditional (1 + its branch: 2 or 1),
+  # the loop's test.
+  assert (counts["per_iteration"], counts["per_iteration_min"]) == (
+      8 + 7 + 1 + 3 + 1, 8 + 7 + 1 + 2 + 1)
+  # Bytes. The gather reads the 8 rows it takes (128, not the buffer's 1,600) and its indices
+  # (32), and writes 128. The in-place update reads and writes only its 2 rows (32 each) and
+  # reads its offset (4). The copy reads and writes 64. The two-output fusion reads all of one
+  # operand (64) but one row of the other, through a view (16), and writes 64 + 16. The mixed
+  # fusion reads one row of the buffer (16), all of the vector it also slices (64), the offset
+  # (4) and nothing of its unused operand, and writes a whole buffer (1,600: the update goes
+  # into a buffer made inside the kernel, not in place), 64 and 8. The scatter reads its
+  # indices and rows (32 + 128) and writes the rows in place (128). A kernel whose result is a
+  # view of its operand reads and writes all of it (64 each). A gather that takes 8 rows of a
+  # 2-row table reads the table once (32), at most all of it. The nested loop runs a
+  # copy (128) and a test that reads one element (4) and writes 1, 3 times. The predicate
+  # and the loop's test read 4 and write 1 each. The conditional's branches copy twice (256)
+  # or once (128).
+  fixed = ((128 + 32 + 128) + (32 + 4 + 32) + (64 + 64) + (64 + 16 + 64 + 16)
+           + (16 + 64 + 4 + 1600 + 64 + 8) + (32 + 128 + 128) + (64 + 64) + (32 + 32 + 128)
+           + 3 * (128 + 4 + 1)
+           + (4 + 1) + (4 + 1))
+  assert (counts["bytes_per_iteration"], counts["bytes_per_iteration_min"]) == (
+      fixed + 256, fixed + 128)
 
 
 @pytest.mark.parametrize("num_seeds, unroll, conditionals", [(1, 1, 1), (2, 1, 0), (1, 2, 2)])

@@ -152,20 +152,24 @@ def warmup_loops(batched: bool) -> bool:
 def acting_apart(batched: bool) -> bool:
   """Whether the loop that learns keeps its acting forward apart from the learner's forward.
 
-  XLA's GPU compiler merges two matmuls on the same parameters into one over
-  the concatenated inputs (its dot merger): the 10 acting observations and
-  the 128 of the learner's batch then go through each layer together. For
-  one seed that saves kernels (an H200 iteration of the PureJaxRL preset
-  runs 78 instead of 81, bench/hlo_kernels.py --target=h200). Over 2,048
-  vmapped seeds the concatenations and slices around the merged matmuls
-  move about a fifth of the iteration's memory traffic (the bytes of the
-  operands and results of its kernels, counted in the optimized H200 HLO),
-  and a program that learned inside a conditional, which keeps the two
-  apart, ran 1.14x the merged one (bench/results/warmup_loops_h200.md). So
-  a batch of seeds on an accelerator keeps them apart (an optimization
-  barrier; the same values). The CPU compiler does not merge them.
+  XLA's GPU compiler merges matmuls that share an operand into one over the
+  concatenated other operands (its dot merger): in the loop that learns,
+  layers of the acting forward and of the learner's forward on the same
+  online parameters become one matmul (for the PureJaxRL preset, 10 acting
+  rows and 128 batch rows). For one seed that saves kernels (an H200
+  iteration of that preset runs 78 kernels merged, 81 apart;
+  bench/hlo_kernels.py --target=h200). Over 2,048 vmapped seeds it saves
+  none (69 either way) and the program moves 14% more modelled bytes per
+  iteration (4,326 MB against 3,719 MB: concatenations of the inputs and
+  slices of the activations), and there a program whose learner sat in a
+  conditional's branch of its own, where no merge can reach, ran 1.13x the
+  merged one (bench/results/warmup_loops_h200.md). So a batch of seeds on a
+  GPU keeps them apart, with an optimization barrier. The computation is
+  the same (bit for bit on the CPU, where the compiler merges nothing; a
+  GPU may round the separate matmuls differently). Whether the GPU runs it
+  faster is measured by bench/warmup_loops.py, not yet on record.
   """
-  return batched and xla_setup.target_platform() != "cpu"
+  return batched and xla_setup.target_platform() == "gpu"
 
 
 def over_seeds(fn, batched: bool, in_axes=0):

@@ -215,8 +215,9 @@ def test_acting_apart_puts_a_barrier_before_the_acting_forward_and_trains_the_sa
   """With `acting_apart` the loop that learns acts on the online parameters through an
   optimization barrier (so that a GPU compiler cannot merge the acting forward into the
   learner's): only that program holds one, and two vmapped seeds train the same parameters and
-  row as without it. `seed_layout.acting_apart` picks it for a batch of seeds built for an
-  accelerator, never for one seed or the CPU."""
+  row as without it (on the CPU, which merges nothing). `seed_layout.acting_apart`, the run's
+  default, picks it for a batch of seeds built for a GPU, never for one seed, the CPU or a
+  TPU."""
   from agents.dqn import anakin as anakin_mode  # pylint: disable=import-outside-toplevel
   config = _tiny_config(min_replay_size=300)  # 4 inserts per iteration: iteration 74 learns.
   env = envs.make_jax_environment("gymnax:CartPole-v1")
@@ -239,9 +240,17 @@ def test_acting_apart_puts_a_barrier_before_the_acting_forward_and_trains_the_sa
   assert set(row) == set(apart_row)
   for name in row:
     np.testing.assert_array_equal(np.asarray(row[name]), np.asarray(apart_row[name]))
-  assert not seed_layout.acting_apart(True) and not seed_layout.acting_apart(False)
-  with xla_setup.building_for("gpu"):
-    assert seed_layout.acting_apart(True) and not seed_layout.acting_apart(False)
+  assert seed_layout.acting_apart(True) == (jax.default_backend() == "gpu")
+  assert not seed_layout.acting_apart(False)
+  with xla_setup.building_for("tpu"):
+    assert not seed_layout.acting_apart(True)
+
+  def default_barriers(batched):  # The run's chunk (acting_apart None: the default), for a GPU.
+    with xla_setup.building_for("gpu"):
+      chunk = anakin_mode.chunk_fn(trainer, 20, 14, batched)
+      seeds = start if batched else jax.tree.map(lambda x: x[:1], start)  # Two seeds, or one.
+      return str(jax.make_jaxpr(chunk)(seeds, np.int32(60))).count("optimization_barrier")
+  assert (default_barriers(True), default_barriers(False)) == (1, 0)
 
 
 def test_scan_unroll_runs_several_iterations_per_loop_step_of_the_runs_chunk():
