@@ -1,5 +1,5 @@
-"""The anakin training chunk three ways: warm-up decided by a conditional, or run as loops of its own,
-with or without the acting forward kept apart from the learner's.
+"""The anakin training chunk three ways: warm-up decided by a conditional, or run as loops of its
+own, with or without the acting forward kept apart from the learner's.
 
   python -m bench.warmup_loops --flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg \\
       --seed_counts=1,32 --total_steps=20000 --repeats=6
@@ -12,15 +12,15 @@ learns (`train_chunk(..., warmup=None)`), once with the warm-up iterations
 as one loop and the learning iterations as another (`warmup=` the chunk's
 count), and the loops again with `acting_apart` (an optimization barrier
 between the acting forward and the learner's, which a GPU compiler would
-otherwise merge into one matmul). One run is init and every chunk of the plan with its metrics
-copied to the host (no evaluation). The three are called in turn, a
-warm-up round first; each round gives ratios (env steps/s: loops over
-conditional, loops apart over loops) and the table prints their medians
-and whether all trained the same parameters and metrics.
-`seed_layout.warmup_loops` picks between the first two on the CPU from
-these measurements; on a GPU it and `seed_layout.acting_apart` pick from
-the kernel counts and modelled bytes of bench/hlo_kernels.py and the one
-H200 run of this bench on record, which timed the first two only.
+otherwise merge into one matmul). One run is init and every chunk of the
+plan with its metrics copied to the host (no evaluation). The three are
+called in turn, a warm-up round first; each round gives ratios (env
+steps/s: loops over conditional, loops apart over loops) and the table
+prints their medians and whether all trained the same parameters and
+metrics. `seed_layout.warmup_loops` picks between the first two on the CPU
+from these measurements; on a GPU it and `seed_layout.acting_apart` pick
+from the kernel counts and modelled bytes of bench/hlo_kernels.py and the
+one H200 run of this bench on record, which timed the first two only.
 """
 
 import os
