@@ -46,9 +46,9 @@ def keys_of(seeds: Sequence[int]) -> np.ndarray:
   """`jax.random.PRNGKey(s)` of each seed, stacked on the host: [len(seeds), key words].
 
   Many seeds that fit in int32 take one compiled call, with the same keys
-  (2,048 threefry keys: 0.06 s against 0.4 s one by one on 2 CPU cores,
-  each a dispatch and a copy back); a few, or larger ones, go one by one.
-  The key implementation is the one in force (`xla_setup.prng_impl`).
+  (one by one, each key is a dispatch and a copy back, which for thousands
+  of seeds delays every compile of a run); a few, or larger ones, go one by
+  one. The key implementation is the one in force (`xla_setup.prng_impl`).
   """
   if len(seeds) > 64 and all(0 <= s < 2**31 for s in seeds):
     return np.asarray(jax.jit(jax.vmap(jax.random.PRNGKey))(np.asarray(seeds, np.int32)))
