@@ -51,6 +51,7 @@ def keys_of(seeds: Sequence[int]) -> np.ndarray:
   one. The key implementation is the one in force (`xla_setup.prng_impl`).
   """
   if len(seeds) > 64 and all(0 <= s < 2**31 for s in seeds):
+    # A fresh jit each call: JAX's jit cache does not key on the PRNG implementation.
     return np.asarray(jax.jit(jax.vmap(jax.random.PRNGKey))(np.asarray(seeds, np.int32)))
   return np.stack([np.asarray(jax.random.PRNGKey(s)) for s in seeds])
 

@@ -10,8 +10,9 @@ a conditional's largest branch (`per_iteration`) or smallest
 It also models the memory traffic of those kernels (`bytes_per_iteration`,
 `bytes_per_iteration_min`): each kernel reads its operands and writes its
 result, except that a gather, slice or dynamic slice of an operand reads
-only what it takes, and a scatter or dynamic update slice (which XLA runs
-in place) reads and writes only its update. A kernel that waits on launch
+only what it takes (at most all of it), and a scatter or dynamic update
+slice into an operand (which XLA runs in place) reads and writes only its
+update. A kernel that waits on launch
 latency (one seed on a GPU) costs its count; one that streams a batch of
 seeds' parameters and activations costs its bytes. The model counts no
 cache and no re-read inside a kernel (a matmul's tiles).
@@ -118,8 +119,9 @@ def _accessed(lines: List[str], operand_shapes: List[str]) -> int:
       return shape_bytes(shapes[operands[_IN_PLACE[opcode]]])
     return shape_bytes(shapes[name])
 
-  total = written(instructions[-1][0] if not any(l.startswith("ROOT") for l in lines) else
-                  next(parts(l)[0] for l in lines if l.startswith("ROOT")))
+  root = next((name for line, (name, _, _, _) in zip(lines, instructions)
+               if line.startswith("ROOT")), instructions[-1][0])
+  total = written(root)
   for name, index in params.items():
     part, whole = read(name), shape_bytes(operand_shapes[index])
     total += whole if part is None else min(part, whole)  # Overlapping parts: at most all.
