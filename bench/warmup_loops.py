@@ -34,14 +34,11 @@ import jax
 import numpy as np
 
 from acme_jax_dqn import checkpointing
-from acme_jax_dqn import envs
 from acme_jax_dqn import xla_setup
-from agents.dqn import seed_layout
-from agents.dqn.anakin import AnakinPlan
-from agents.dqn.builder import DQNBuilder
 from launch import flags as launch_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # For `bench`.
+from bench import anakin_programs  # pylint: disable=wrong-import-position
 from bench import harness  # pylint: disable=wrong-import-position
 
 launch_flags.define_flags()
@@ -50,40 +47,6 @@ flags.DEFINE_integer("repeats", 6, "Timed pairs per seed count after the warm-up
 flags.DEFINE_string("out", "", "Markdown table to write (default: "
                     "bench/results/warmup_loops_<backend>.md).")
 FLAGS = flags.FLAGS
-
-
-def programs(experiment, config, num_seeds: int):
-  """{name: (compile s, run())} for both chunk structures, the plan, the warm-up iterations."""
-  env = envs.make_jax_environment(experiment.env)
-  builder = DQNBuilder(config)
-  trainer = builder.make_anakin(env, builder.make_networks(env.spec, experiment.env),
-                                experiment.eval_episodes)
-  plan = AnakinPlan(trainer, config, experiment)
-  batched = seed_layout.runs_batched(num_seeds, experiment.prng_impl)
-  keys = np.stack([np.asarray(jax.random.PRNGKey(experiment.seed + i))
-                   for i in range(num_seeds)])
-  init_fn = jax.jit(seed_layout.over_seeds(trainer.init, batched))
-  state_shape = jax.eval_shape(init_fn, keys)
-  init = init_fn.lower(keys).compile()
-  out = {}
-  for name, loops, apart in (("conditional", False, False), ("loops", True, False),
-                             ("loops apart", True, True)):
-    warmups = plan.chunk_warmups(trainer, loops)
-    compiled, start = {}, time.perf_counter()
-    for warmup in dict.fromkeys(warmups):
-      compiled[warmup] = jax.jit(plan.chunk_fn(trainer, warmup, batched, apart),
-                                 donate_argnums=0).lower(state_shape, np.int32(0)).compile()
-    compile_s = time.perf_counter() - start
-
-    def run(compiled=compiled, warmups=warmups):
-      state, rows = init(keys), []
-      for c, warmup in enumerate(warmups):
-        state, metrics = compiled[warmup](state, np.int32(c * plan.iterations_per_chunk))
-        rows.append(jax.device_get(metrics))
-      return jax.device_get(state.learner.online_params), rows
-
-    out[name] = (compile_s, run)
-  return out, plan, trainer.warmup_iterations
 
 
 def same_rows(a, b) -> bool:
@@ -109,7 +72,7 @@ def main(argv):
   medians, apart_medians = [], []
   for num_seeds in counts:
     with xla_setup.prng_impl(experiment.prng_impl):
-      progs, plan, warmup = programs(experiment, config, num_seeds)
+      progs, plan, warmup = anakin_programs.programs(experiment, config, num_seeds)
       times = {name: [] for name in progs}
       results = {}
       for repeat in range(FLAGS.repeats + 1):

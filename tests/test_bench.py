@@ -152,6 +152,31 @@ def test_the_warmup_loops_bench_finds_the_three_chunk_structures_train_the_same(
   assert rows[0].rstrip(" |").endswith("yes"), rows
 
 
+def test_the_compiler_options_bench_compiles_the_run_chunks_with_each_option_set(tmp_path):
+  """Two seeds on one CPU device: the chunk programs with XLA's defaults and with a scheduler
+  option, which changes no arithmetic, so both train the same parameters."""
+  out = tmp_path / "compiler_options.md"
+  subprocess.run(
+      [sys.executable, "-m", "bench.compiler_options",
+       "--flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg", "--seed_counts=2",
+       "--total_steps=1200", "--min_replay_size=400", "--log_every=400", "--repeats=1",
+       "--variants=xla_cpu_enable_concurrency_optimized_scheduler=true", f"--out={out}"],
+      cwd=ROOT, check=True, capture_output=True, text=True, timeout=300)
+  rows = [[c.strip() for c in line.split("|")[1:-1]] for line in out.read_text().splitlines()
+          if line.startswith("| 2 |")]
+  assert [row[1] for row in rows] == [
+      "default", "xla_cpu_enable_concurrency_optimized_scheduler=true"], rows
+  assert rows[0][5] == "1.00x (1.00-1.00)", rows  # The default over itself.
+  assert all(float(row[2]) > 0 and row[6] == "yes" for row in rows), rows
+
+
+def test_compiler_option_variants_parse_into_typed_values():
+  from bench import compiler_options  # pylint: disable=import-outside-toplevel
+  assert compiler_options.parse_variants(
+      "a=1 b=true;c=FUSION,WHILE  d=x ;") == {
+          "a=1 b=true": {"a": 1, "b": True}, "c=FUSION,WHILE  d=x": {"c": "FUSION,WHILE", "d": "x"}}
+
+
 def test_the_compile_time_bench_times_three_schedules_of_the_run_dqn_build(tmp_path):
   """Two seeds on one CPU device, learning starting inside the first of three chunks: two
   chunk programs, built with one compile at a time, two at a time and side by side."""
@@ -178,6 +203,12 @@ def test_the_compile_time_bench_times_three_schedules_of_the_run_dqn_build(tmp_p
     ("warmup_loops", ["--repeats=0"], "--repeats=0: at least 1 timed pair is needed."),
     ("warmup_loops", ["--seed_counts=0"], "--seed_counts=0: give counts of 1 or more."),
     ("warmup_loops", ["--pqn"], "--pqn: PQN learns every iteration and has no warm-up"),
+    ("compiler_options", ["--variants="], "--variants is empty: give at least one option set"),
+    ("compiler_options", ["--variants=novalue"], "--variants: 'novalue' is not name=value"),
+    ("compiler_options", ["--variants=xla_cpu_no_such_option=1"],
+     "--variants: XLA refused 'xla_cpu_no_such_option=1'"),
+    ("compiler_options", ["--seed_counts=0", "--variants=a=1"],
+     "--seed_counts=0: give counts of 1 or more."),
     # The project's environment has no JAX CUDA plugin (only a side virtualenv for
     # bench/hlo_kernels.py --target=h200 has one), so this bench finds no GPU compiler.
     ("hlo_kernels", ["--target=h200"], "--target=h200: no GPU compiler here"),

@@ -1,0 +1,60 @@
+"""The run's anakin programs built once in a process, to be called again and again by benches.
+
+`programs` compiles init and the chunk programs of the command's run flags
+for a block of seeds on one device (one seed unbatched, more vmapped, as
+`launch.run_dqn` lays out a device's block), once per variant: the chunk
+structure (warm-up as loops of its own or a conditional, acting apart) and
+XLA compiler options of that program's compile alone. bench/warmup_loops.py
+and bench/compiler_options.py time them.
+"""
+
+import time
+
+import jax
+import numpy as np
+
+from acme_jax_dqn import envs
+from agents.dqn import seed_layout
+from agents.dqn.anakin import AnakinPlan
+from agents.dqn.builder import DQNBuilder
+
+# name: (warm-up as loops of its own, acting apart, XLA compiler options); None: the run's default.
+STRUCTURES = {"conditional": (False, False, None), "loops": (True, False, None),
+              "loops apart": (True, True, None)}
+
+
+def programs(experiment, config, num_seeds: int, variants=None):
+  """({name: (compile s, run())} for each of `variants` (default `STRUCTURES`), the plan, the
+  warm-up iterations); run() is init and every chunk of the plan, -> (params, metric rows)."""
+  env = envs.make_jax_environment(experiment.env)
+  builder = DQNBuilder(config)
+  trainer = builder.make_anakin(env, builder.make_networks(env.spec, experiment.env),
+                                experiment.eval_episodes)
+  plan = AnakinPlan(trainer, config, experiment)
+  batched = seed_layout.runs_batched(num_seeds, experiment.prng_impl)
+  keys = np.stack([np.asarray(jax.random.PRNGKey(experiment.seed + i))
+                   for i in range(num_seeds)])
+  init_fn = jax.jit(seed_layout.over_seeds(trainer.init, batched))
+  state_shape = jax.eval_shape(init_fn, keys)
+  init = init_fn.lower(keys).compile()
+  out = {}
+  for name, (loops, apart, options) in (variants or STRUCTURES).items():
+    if loops is None:
+      loops = seed_layout.warmup_loops(batched)
+    warmups = plan.chunk_warmups(trainer, loops)
+    compiled, start = {}, time.perf_counter()
+    for warmup in dict.fromkeys(warmups):
+      compiled[warmup] = jax.jit(plan.chunk_fn(trainer, warmup, batched, apart),
+                                 donate_argnums=0).lower(state_shape, np.int32(0)).compile(
+                                     compiler_options=options or None)
+    compile_s = time.perf_counter() - start
+
+    def run(compiled=compiled, warmups=warmups):
+      state, rows = init(keys), []
+      for c, warmup in enumerate(warmups):
+        state, metrics = compiled[warmup](state, np.int32(c * plan.iterations_per_chunk))
+        rows.append(jax.device_get(metrics))
+      return jax.device_get(state.learner.online_params), rows
+
+    out[name] = (compile_s, run)
+  return out, plan, trainer.warmup_iterations

@@ -1,0 +1,145 @@
+"""The run's training chunks compiled with XLA compiler options of their own, against the defaults.
+
+  python -m bench.compiler_options --flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg \\
+      --variants='xla_cpu_multi_thread_eigen=false;xla_cpu_use_xnnpack=false' \\
+      --seed_counts=1 --total_steps=100000 --repeats=6
+
+For each seed count, the chunk programs of the command's run (the run's own
+structure: warm-up loops and acting apart as `launch.run_dqn` picks them on
+this backend, one device, seeds vmapped past one) are compiled once with
+XLA's defaults and once per variant, each variant's options passed to that
+program's compile alone (`jax.jit(...).lower(...).compile(compiler_options=...)`),
+so nothing else in the process, and no peer program, sees them. A variant
+is a space-separated list of XLA option=value pairs (a value may hold
+commas); `--variants` separates variants with semicolons. One run is init
+and every chunk of the plan with its metrics copied to the host (no
+evaluation). The programs are called in turn, a warm-up round first; each
+timed round gives every variant's env steps/s over the default's, and the
+table prints the median (and range) of those ratios, each compile's
+seconds, and whether the variant trained the same parameters (an option
+may change rounding).
+"""
+
+import os
+import statistics
+import sys
+import time
+from typing import Dict, List, Union
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+
+from acme_jax_dqn import checkpointing
+from acme_jax_dqn import xla_setup
+from launch import flags as launch_flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # For `bench`.
+from bench import anakin_programs  # pylint: disable=wrong-import-position
+from bench import harness  # pylint: disable=wrong-import-position
+
+launch_flags.define_flags()
+
+flags.DEFINE_string("variants", "", "XLA option sets to compare with the defaults: "
+                    "'name=value name=value;name=value' (semicolons between variants, spaces between "
+                    "the options of one).")
+flags.DEFINE_list("seed_counts", ["1"], "Seeds on the one device, one program each.")
+flags.DEFINE_integer("repeats", 6, "Timed rounds per seed count after the warm-up round.")
+flags.DEFINE_string("out", "", "Markdown table to write (default: "
+                    "bench/results/compiler_options_<backend>.md).")
+FLAGS = flags.FLAGS
+
+Options = Dict[str, Union[bool, int, str]]
+
+
+def parse_variants(text: str) -> Dict[str, Options]:
+  """{label: options} from 'a=1 b=true;c=x,y'; exits with one line on a malformed pair."""
+  variants = {}
+  for label in filter(None, (v.strip() for v in text.split(";"))):
+    options = {}
+    for pair in label.split():
+      name, sep, value = pair.partition("=")
+      if not sep or not name.strip():
+        harness.bad_input(f"--variants: '{pair}' is not name=value; write e.g. "
+                          "--variants='xla_cpu_multi_thread_eigen=false'.")
+      options[name.strip()] = _value(value.strip())
+    variants[label] = options
+  if not variants:
+    harness.bad_input("--variants is empty: give at least one option set, e.g. "
+                      "--variants='xla_cpu_multi_thread_eigen=false'.")
+  return variants
+
+
+def _value(text: str) -> Union[bool, int, str]:
+  if text.lower() in ("true", "false"):
+    return text.lower() == "true"
+  try:
+    return int(text)
+  except ValueError:
+    return text
+
+
+def check_options(variants: Dict[str, Options]) -> None:
+  """Compiles a one-op program with each variant, so an option XLA does not know is named
+  (with exit code 2) before the run's programs compile."""
+  tiny = jax.jit(lambda x: x + 1).lower(jnp.zeros(()))
+  for label, options in variants.items():
+    try:
+      tiny.compile(compiler_options=options)
+    except Exception as error:  # pylint: disable=broad-except
+      first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+      harness.bad_input(f"--variants: XLA refused '{label}' ({first}); name options as "
+                        "XLA_FLAGS does, without the leading --.")
+
+
+def main(argv):
+  del argv
+  config, experiment = harness.anakin_run_flags(FLAGS.repeats)
+  counts = [int(c) for c in FLAGS.seed_counts]
+  if not counts or min(counts) < 1:
+    harness.bad_input(f"--seed_counts={','.join(FLAGS.seed_counts)}: give counts "
+                      "of 1 or more.")
+  variants = parse_variants(FLAGS.variants)
+  check_options(variants)
+  table = harness.PrintedTable(
+      ["seeds", "program", "compile s", "run s (median)", "env steps/s", "over the default "
+       "(env steps/s, median and range)", "same params as the default"],
+      summary=harness.jax_here())
+  lines: List[str] = []
+  for num_seeds in counts:
+    compared = {"default": (None, None, None)}
+    compared.update({label: (None, None, options) for label, options in variants.items()})
+    with xla_setup.prng_impl(experiment.prng_impl):
+      progs, plan, _ = anakin_programs.programs(experiment, config, num_seeds, compared)
+      times = {name: [] for name in progs}
+      results = {}
+      for repeat in range(FLAGS.repeats + 1):
+        for name, (_, run) in progs.items():
+          start = time.perf_counter()
+          results[name] = run()
+          if repeat:
+            times[name].append(time.perf_counter() - start)
+    steps = plan.env_steps * num_seeds
+    default_sum = checkpointing.params_checksum(results["default"][0])
+    for name, (compile_s, _) in progs.items():
+      ratios = [d / t for d, t in zip(times["default"], times[name])]
+      same = checkpointing.params_checksum(results[name][0]) == default_sum
+      median = statistics.median(times[name])
+      table.add(f"| {num_seeds} | {name} | {compile_s:.1f} | {median:.2f} | "
+                f"{steps / median:,.0f} | {statistics.median(ratios):.2f}x "
+                f"({min(ratios):.2f}-{max(ratios):.2f}) | {'yes' if same else 'no'} |")
+      if name != "default":
+        lines.append(f"{num_seeds} seed(s), {name}: {statistics.median(ratios):.2f}x")
+  table.close(
+      FLAGS.out or f"bench/results/compiler_options_{jax.default_backend()}.md",
+      f"compared: the training chunks of the command's run flags, {plan.num_chunks} chunk(s) of "
+      f"{plan.iterations_per_chunk:,} iterations ({plan.env_steps:,} env steps per seed), "
+      "compiled with XLA's defaults and with each variant's compiler options (that program's "
+      f"compile only), then called in turn, {FLAGS.repeats} timed rounds per seed count "
+      "after a warm-up round; the medians of the rounds' ratios over the default: "
+      + "; ".join(lines) + ".")
+
+
+if __name__ == "__main__":
+  app.run(main)
