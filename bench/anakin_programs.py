@@ -4,11 +4,15 @@
 for a block of seeds on one device (one seed unbatched, more vmapped, as
 `launch.run_dqn` lays out a device's block), once per variant: the chunk
 structure (warm-up as loops of its own or a conditional, acting apart) and
-XLA compiler options of that program's compile alone. bench/warmup_loops.py
-and bench/compiler_options.py time them.
+XLA compiler options of that program's compile alone (init compiles once,
+with XLA's defaults, and every run includes it). `timed_rounds` calls them
+in turn; bench/warmup_loops.py and bench/compiler_options.py time them.
+`parse_options` reads compiler options as bench/compiler_options.py takes
+them.
 """
 
 import time
+from typing import Dict, List, Tuple, Union
 
 import jax
 import numpy as np
@@ -58,3 +62,42 @@ def programs(experiment, config, num_seeds: int, variants=None):
 
     out[name] = (compile_s, run)
   return out, plan, trainer.warmup_iterations
+
+
+def timed_rounds(progs, repeats: int) -> Tuple[Dict[str, List[float]], Dict[str, tuple]]:
+  """({name: [seconds of each timed round]}, {name: the last run's result}): every program of
+  `progs` (from `programs`) called once per round, `repeats` timed rounds after an untimed
+  warm-up round; the order turns by one each round, so no program always runs first."""
+  names = list(progs)
+  times, results = {name: [] for name in names}, {}
+  for repeat in range(repeats + 1):
+    turn = repeat % len(names)
+    for name in names[turn:] + names[:turn]:
+      start = time.perf_counter()
+      results[name] = progs[name][1]()
+      if repeat:
+        times[name].append(time.perf_counter() - start)
+  return times, results
+
+
+Options = Dict[str, Union[bool, str]]
+
+
+def parse_options(text: str) -> Dict[str, Options]:
+  """{label: options} from 'a=1 b=true;c=x,y': semicolons between option sets, spaces between
+  an option set's name=value pairs. true/false become bools; XLA parses every other value for
+  its option's type. Raises ValueError, naming the part, on a malformed or repeated pair."""
+  variants = {}
+  for label in filter(None, (v.strip() for v in text.split(";"))):
+    if label in variants:
+      raise ValueError(f"'{label}' is given twice")
+    options = {}
+    for pair in label.split():
+      name, sep, value = pair.partition("=")
+      if not sep or not name:
+        raise ValueError(f"'{pair}' is not name=value")
+      if name in options:
+        raise ValueError(f"'{name}' is set twice in '{label}'")
+      options[name] = value.lower() == "true" if value.lower() in ("true", "false") else value
+    variants[label] = options
+  return variants

@@ -14,17 +14,20 @@ is a space-separated list of XLA option=value pairs (a value may hold
 commas); `--variants` separates variants with semicolons. One run is init
 and every chunk of the plan with its metrics copied to the host (no
 evaluation). The programs are called in turn, a warm-up round first; each
-timed round gives every variant's env steps/s over the default's, and the
-table prints the median (and range) of those ratios, each compile's
-seconds, and whether the variant trained the same parameters (an option
-may change rounding).
+timed round (its order turned by one each round) gives every variant's env
+steps/s over the default's, and the
+table prints the median (and range) of those ratios, the seconds of each
+variant's chunk compiles (init compiles once, with the defaults, and every
+run includes it), and whether the variant trained the same parameters (an
+option may change rounding). A value other than true/false goes to XLA as
+text, which it parses for the option's type; a list option
+(`xla_gpu_enable_command_buffer=FUSION,WHILE`) replaces XLA's default list.
 """
 
 import os
 import statistics
 import sys
-import time
-from typing import Dict, List, Union
+from typing import Dict, List
 
 from absl import app
 from absl import flags
@@ -44,43 +47,27 @@ launch_flags.define_flags()
 flags.DEFINE_string("variants", "", "XLA option sets to compare with the defaults: "
                     "'name=value name=value;name=value' (semicolons between variants, spaces between "
                     "the options of one).")
-flags.DEFINE_list("seed_counts", ["1"], "Seeds on the one device, one program each.")
+flags.DEFINE_list("seed_counts", ["1"], "Seeds on the one device; each count compiles the "
+                  "chunk programs of every variant.")
 flags.DEFINE_integer("repeats", 6, "Timed rounds per seed count after the warm-up round.")
 flags.DEFINE_string("out", "", "Markdown table to write (default: "
                     "bench/results/compiler_options_<backend>.md).")
 FLAGS = flags.FLAGS
 
-Options = Dict[str, Union[bool, int, str]]
-
-
-def parse_variants(text: str) -> Dict[str, Options]:
-  """{label: options} from 'a=1 b=true;c=x,y'; exits with one line on a malformed pair."""
-  variants = {}
-  for label in filter(None, (v.strip() for v in text.split(";"))):
-    options = {}
-    for pair in label.split():
-      name, sep, value = pair.partition("=")
-      if not sep or not name.strip():
-        harness.bad_input(f"--variants: '{pair}' is not name=value; write e.g. "
-                          "--variants='xla_cpu_multi_thread_eigen=false'.")
-      options[name.strip()] = _value(value.strip())
-    variants[label] = options
+def parse_variants(text: str) -> Dict[str, anakin_programs.Options]:
+  """`anakin_programs.parse_options(text)`; exits with one line naming the flag when malformed."""
+  try:
+    variants = anakin_programs.parse_options(text)
+  except ValueError as error:
+    harness.bad_input(f"--variants: {error}; write e.g. "
+                      "--variants='xla_cpu_multi_thread_eigen=false'.")
   if not variants:
     harness.bad_input("--variants is empty: give at least one option set, e.g. "
                       "--variants='xla_cpu_multi_thread_eigen=false'.")
   return variants
 
 
-def _value(text: str) -> Union[bool, int, str]:
-  if text.lower() in ("true", "false"):
-    return text.lower() == "true"
-  try:
-    return int(text)
-  except ValueError:
-    return text
-
-
-def check_options(variants: Dict[str, Options]) -> None:
+def check_options(variants: Dict[str, anakin_programs.Options]) -> None:
   """Compiles a one-op program with each variant, so an option XLA does not know is named
   (with exit code 2) before the run's programs compile."""
   tiny = jax.jit(lambda x: x + 1).lower(jnp.zeros(()))
@@ -89,14 +76,18 @@ def check_options(variants: Dict[str, Options]) -> None:
       tiny.compile(compiler_options=options)
     except Exception as error:  # pylint: disable=broad-except
       first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-      harness.bad_input(f"--variants: XLA refused '{label}' ({first}); name options as "
-                        "XLA_FLAGS does, without the leading --.")
+      hint = ("name options as XLA_FLAGS does, without the leading --"
+              if "No such compile option" in first else "give a value of the option's type")
+      harness.bad_input(f"--variants: XLA refused '{label}' ({first}); {hint}.")
 
 
 def main(argv):
   del argv
   config, experiment = harness.anakin_run_flags(FLAGS.repeats)
-  counts = [int(c) for c in FLAGS.seed_counts]
+  try:
+    counts = [int(c) for c in FLAGS.seed_counts]
+  except ValueError:
+    counts = []
   if not counts or min(counts) < 1:
     harness.bad_input(f"--seed_counts={','.join(FLAGS.seed_counts)}: give counts "
                       "of 1 or more.")
@@ -112,14 +103,7 @@ def main(argv):
     compared.update({label: (None, None, options) for label, options in variants.items()})
     with xla_setup.prng_impl(experiment.prng_impl):
       progs, plan, _ = anakin_programs.programs(experiment, config, num_seeds, compared)
-      times = {name: [] for name in progs}
-      results = {}
-      for repeat in range(FLAGS.repeats + 1):
-        for name, (_, run) in progs.items():
-          start = time.perf_counter()
-          results[name] = run()
-          if repeat:
-            times[name].append(time.perf_counter() - start)
+      times, results = anakin_programs.timed_rounds(progs, FLAGS.repeats)
     steps = plan.env_steps * num_seeds
     default_sum = checkpointing.params_checksum(results["default"][0])
     for name, (compile_s, _) in progs.items():

@@ -26,7 +26,6 @@ one H200 run of this bench on record, which timed the first two only.
 import os
 import statistics
 import sys
-import time
 
 from absl import app
 from absl import flags
@@ -73,14 +72,7 @@ def main(argv):
   for num_seeds in counts:
     with xla_setup.prng_impl(experiment.prng_impl):
       progs, plan, warmup = anakin_programs.programs(experiment, config, num_seeds)
-      times = {name: [] for name in progs}
-      results = {}
-      for repeat in range(FLAGS.repeats + 1):
-        for name, (_, run) in progs.items():
-          start = time.perf_counter()
-          results[name] = run()
-          if repeat:
-            times[name].append(time.perf_counter() - start)
+      times, results = anakin_programs.timed_rounds(progs, FLAGS.repeats)
     ratios = [c / l for c, l in zip(times["conditional"], times["loops"])]
     apart = [l / a for l, a in zip(times["loops"], times["loops apart"])]
     medians.append(statistics.median(ratios))

@@ -170,11 +170,14 @@ def test_the_compiler_options_bench_compiles_the_run_chunks_with_each_option_set
   assert all(float(row[2]) > 0 and row[6] == "yes" for row in rows), rows
 
 
-def test_compiler_option_variants_parse_into_typed_values():
-  from bench import compiler_options  # pylint: disable=import-outside-toplevel
-  assert compiler_options.parse_variants(
-      "a=1 b=true;c=FUSION,WHILE  d=x ;") == {
-          "a=1 b=true": {"a": 1, "b": True}, "c=FUSION,WHILE  d=x": {"c": "FUSION,WHILE", "d": "x"}}
+def test_compiler_option_sets_parse_into_bools_and_text():
+  from bench import anakin_programs  # pylint: disable=import-outside-toplevel
+  assert anakin_programs.parse_options("a=1 b=true;c=FUSION,WHILE  d=x ;") == {
+      "a=1 b=true": {"a": "1", "b": True}, "c=FUSION,WHILE  d=x": {"c": "FUSION,WHILE", "d": "x"}}
+  for bad, named in (("a=1;a=1", "'a=1' is given twice"), ("a=1 a=2", "'a' is set twice"),
+                     ("=1", "'=1' is not name=value")):
+    with pytest.raises(ValueError, match=named):
+      anakin_programs.parse_options(bad)
 
 
 def test_the_compile_time_bench_times_three_schedules_of_the_run_dqn_build(tmp_path):
@@ -207,8 +210,13 @@ def test_the_compile_time_bench_times_three_schedules_of_the_run_dqn_build(tmp_p
     ("compiler_options", ["--variants=novalue"], "--variants: 'novalue' is not name=value"),
     ("compiler_options", ["--variants=xla_cpu_no_such_option=1"],
      "--variants: XLA refused 'xla_cpu_no_such_option=1'"),
+    ("compiler_options", ["--variants=xla_cpu_multi_thread_eigen=maybe"],
+     "give a value of the option's type"),
+    ("compiler_options", ["--variants=a=1;a=1"], "--variants: 'a=1' is given twice"),
     ("compiler_options", ["--seed_counts=0", "--variants=a=1"],
      "--seed_counts=0: give counts of 1 or more."),
+    ("compiler_options", ["--seed_counts=two", "--variants=a=1"],
+     "--seed_counts=two: give counts of 1 or more."),
     # The project's environment has no JAX CUDA plugin (only a side virtualenv for
     # bench/hlo_kernels.py --target=h200 has one), so this bench finds no GPU compiler.
     ("hlo_kernels", ["--target=h200"], "--target=h200: no GPU compiler here"),
