@@ -15,13 +15,13 @@ commas); `--variants` separates variants with semicolons. One run is init
 and every chunk of the plan with its metrics copied to the host (no
 evaluation). The programs are called in turn, a warm-up round first; each
 timed round (its order turned by one each round) gives every variant's env
-steps/s over the default's, and the
-table prints the median (and range) of those ratios, the seconds of each
-variant's chunk compiles (init compiles once, with the defaults, and every
-run includes it), and whether the variant trained the same parameters (an
-option may change rounding). A value other than true/false goes to XLA as
-text, which it parses for the option's type; a list option
-(`xla_gpu_enable_command_buffer=FUSION,WHILE`) replaces XLA's default list.
+steps/s over the default's, and the table prints the median (and range) of
+those ratios, the seconds of each variant's chunk compiles (init compiles
+once, with the defaults, and every run includes it), and whether the
+variant trained the same parameters (an option may change rounding). A
+value other than true/false goes to XLA as text, which it parses for the
+option's type; a list option (`xla_gpu_enable_command_buffer=FUSION,WHILE`)
+replaces XLA's default list.
 """
 
 import os
@@ -45,14 +45,15 @@ from bench import harness  # pylint: disable=wrong-import-position
 launch_flags.define_flags()
 
 flags.DEFINE_string("variants", "", "XLA option sets to compare with the defaults: "
-                    "'name=value name=value;name=value' (semicolons between variants, spaces between "
-                    "the options of one).")
+                    "'name=value name=value;name=value' (semicolons between variants, spaces "
+                    "between the options of one).")
 flags.DEFINE_list("seed_counts", ["1"], "Seeds on the one device; each count compiles the "
                   "chunk programs of every variant.")
 flags.DEFINE_integer("repeats", 6, "Timed rounds per seed count after the warm-up round.")
 flags.DEFINE_string("out", "", "Markdown table to write (default: "
                     "bench/results/compiler_options_<backend>.md).")
 FLAGS = flags.FLAGS
+
 
 def parse_variants(text: str) -> Dict[str, anakin_programs.Options]:
   """`anakin_programs.parse_options(text)`; exits with one line naming the flag when malformed."""
@@ -68,8 +69,8 @@ def parse_variants(text: str) -> Dict[str, anakin_programs.Options]:
 
 
 def check_options(variants: Dict[str, anakin_programs.Options]) -> None:
-  """Compiles a one-op program with each variant, so an option XLA does not know is named
-  (with exit code 2) before the run's programs compile."""
+  """Compiles a one-op program with each variant, so an option XLA does not know, or a value it
+  cannot read, is named (with exit code 2) before the run's programs compile."""
   tiny = jax.jit(lambda x: x + 1).lower(jnp.zeros(()))
   for label, options in variants.items():
     try:
