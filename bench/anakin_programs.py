@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from acme_jax_dqn import envs
+from acme_jax_dqn import seeding
 from agents.dqn import seed_layout
 from agents.dqn.anakin import AnakinPlan
 from agents.dqn.builder import DQNBuilder
@@ -36,8 +37,7 @@ def programs(experiment, config, num_seeds: int, variants=None):
                                 experiment.eval_episodes)
   plan = AnakinPlan(trainer, config, experiment)
   batched = seed_layout.runs_batched(num_seeds, experiment.prng_impl)
-  keys = np.stack([np.asarray(jax.random.PRNGKey(experiment.seed + i))
-                   for i in range(num_seeds)])
+  keys = seeding.keys_of([experiment.seed + i for i in range(num_seeds)])  # As run_dqn's.
   init_fn = jax.jit(seed_layout.over_seeds(trainer.init, batched))
   state_shape = jax.eval_shape(init_fn, keys)
   init = init_fn.lower(keys).compile()
