@@ -2,6 +2,7 @@
 
 import csv
 import io
+import os
 import subprocess
 import sys
 import threading
@@ -189,3 +190,30 @@ def test_preload_leaves_a_failed_import_to_the_loggers(monkeypatch):
   assert not escaped
   with pytest.raises(ImportError):
     loggers.TensorBoardLogger("/nonexistent-logdir-never-created")
+
+
+_FAKE_TORCH = "import sys\nsys.stderr.write('fake torch imported\\n')\nclass Tensor:\n  pass\n"
+
+
+@pytest.mark.parametrize("importer", ["import tensorboardX", "loggers.import_tensorboardx()"])
+def test_tensorboardx_imports_torch_unless_the_kit_hides_it(tmp_path, importer):
+  # An installed torch stands in as a package on the path that reports its import.
+  (tmp_path / "torch").mkdir()
+  (tmp_path / "torch" / "__init__.py").write_text(_FAKE_TORCH)
+  logdir = tmp_path / "run"
+  code = ("import sys\n"
+          "from acme_jax_dqn import loggers\n"
+          f"{importer}\n"
+          "print('torch' in sys.modules)\n"
+          f"writer = loggers.TensorBoardLogger({str(logdir)!r})\n"
+          "writer.write('train', {'env_steps': 7, 'loss': 0.5})\n"
+          "writer.close()\n"
+          "import torch\n"  # Afterwards torch imports as usual.
+          "print(torch.Tensor.__name__)\n")
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       check=True, env=env)
+  # tensorboardX's own import loads torch (the library's behaviour the kit works around).
+  assert out.stdout.split() == [str(importer == "import tensorboardX"), "Tensor"]
+  assert out.stderr.count("fake torch imported") == 1
+  assert _scalars(logdir, "train/loss") == [(7, 0.5)]
