@@ -85,6 +85,28 @@ def test_gpu_speed_checks_the_checkout_without_a_gpu_client_of_its_own(tmp_path)
   assert result.stdout.split()[-2:] == ["cpu", "cpu"], result.stdout
 
 
+_START_S = '''
+import types
+from bench import gpu_speed, harness
+gpu_speed.FLAGS(["gpu_speed"])
+clock = [100.0, 125.0, 200.0, 230.0]  # Each process is launched, then ends, 25 s and 30 s on.
+gpu_speed.time.perf_counter = lambda: clock.pop(0)
+gpu_speed.subprocess.run = lambda *a, **k: types.SimpleNamespace(
+    stdout='{"compile_s": 3.0, "run_s": 4.0, "sps_after_compile": 1.0}\\n')
+harness.run_preset = lambda *a, **k: {"compile_s": 6.0, "wall_s": 20.0, "eval_s": 0.1,
+                                      "sps_after_compile_all_seeds": 1.0}
+print(gpu_speed.peer(1)["start_s"], gpu_speed.ours(1, "gymnax:CartPole-v1", "t")["start_s"])
+'''
+
+
+def test_gpu_speed_takes_the_same_time_from_either_process_the_run_after_compiling():
+  """PureJaxRL's process less its timed run (25 - 4 s), ours less what follows compile_s
+  (30 - (20 - 6) s): each counts its interpreter, imports, compile and exit alike."""
+  out = subprocess.run([sys.executable, "-c", _START_S], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120, check=True)
+  assert [float(v) for v in out.stdout.split()[-2:]] == [21.0, 16.0]
+
+
 def test_a_bench_run_without_the_checkout_says_what_to_clone_before_running(tmp_path):
   result = subprocess.run(
       [sys.executable, "-m", "bench.gpu_speed", "--num_seeds=1", "--minatar_seeds=",
