@@ -230,9 +230,9 @@ def warn(message: str, stream=None) -> None:
 def preload(names: Sequence[str]) -> threading.Thread:
   """Imports the chosen loggers' libraries on a background thread and returns it.
 
-  TensorBoard's writer takes about 0.2 s to import (`import_tensorboardx`); started before a run
-  compiles, the import overlaps the compile instead of delaying the first
-  training step. A failed import is left for `RunLoggers` to report.
+  TensorBoard's writer takes about 0.2 s to import (`import_tensorboardx`);
+  started before a run compiles, the import overlaps the compile instead of
+  delaying the first training step. A failed import is left for `RunLoggers` to report.
   """
   def load() -> None:
     if "tensorboard" in names:

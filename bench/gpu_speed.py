@@ -11,9 +11,10 @@ the same settings) on gymnax CartPole-v1, then ours on
 Breakout-MinAtar at each `--minatar_seeds` value. Every program runs in
 its own process with the compile cache off; compile time is timed apart
 from the run, and so is each process's time less its run, which counts
-the same for both (interpreter, imports, compile, exit). Ours counts its final evaluation in the run (PureJaxRL's
-program has none). With `--repeats` > 1 the pairs alternate, so a
-machine's drift reaches both. Prints one table and writes it to --out.
+the same for both (interpreter, imports, compile, exit). Ours counts its
+final evaluation in the run (PureJaxRL's program has none). With
+`--repeats` > 1 the pairs alternate, so a machine's drift reaches both.
+Prints one table and writes it to --out.
 """
 
 import json
