@@ -95,7 +95,8 @@ gpu_speed.subprocess.run = lambda *a, **k: types.SimpleNamespace(
     stdout='{"compile_s": 3.0, "run_s": 4.0, "sps_after_compile": 1.0}\\n')
 harness.run_preset = lambda *a, **k: {"compile_s": 6.0, "wall_s": 20.0, "eval_s": 0.1,
                                       "sps_after_compile_all_seeds": 1.0}
-print(gpu_speed.peer(1)["start_s"], gpu_speed.ours(1, "gymnax:CartPole-v1", "t")["start_s"])
+print(gpu_speed.peer(1)["outside_run_s"],
+      gpu_speed.ours(1, "gymnax:CartPole-v1", "t")["outside_run_s"])
 '''
 
 
