@@ -20,7 +20,7 @@ prints their medians and whether all trained the same parameters and
 metrics. `seed_layout.warmup_loops` picks between the first two on the CPU
 from these measurements; on a GPU it and `seed_layout.acting_apart` pick
 from the kernel counts and modelled bytes of bench/hlo_kernels.py and the
-one H200 run of this bench on record, which timed the first two only.
+H200 runs of this bench (bench/results/warmup_loops_h200*.md).
 """
 
 import os
