@@ -56,7 +56,11 @@ def peer(num_seeds: int) -> dict:
   out = subprocess.run(
       [sys.executable, "-m", "bench.purejaxrl_peer", f"--purejaxrl_dir={FLAGS.purejaxrl_dir}",
        f"--num_seeds={num_seeds}", f"--total_steps={FLAGS.total_steps}"],
-      cwd=harness.ROOT, check=True, capture_output=True, text=True)
+      cwd=harness.ROOT, check=False, capture_output=True, text=True)
+  if out.returncode:  # One line, not the child's traceback: most often too many seeds.
+    lines = out.stderr.strip().splitlines() or ["(no output)"]
+    raise SystemExit(f"PureJaxRL's dqn.py failed at --num_seeds={num_seeds} (exit code "
+                     f"{out.returncode}): {lines[-1][:500]}")
   timed = json.loads(out.stdout.strip().splitlines()[-1])
   return {**timed, "outside_run_s": time.perf_counter() - start - timed["run_s"]}
 
@@ -65,11 +69,16 @@ def ours(num_seeds: int, env: str, tag: str) -> dict:
   """Our run's summary; `outside_run_s` as for PureJaxRL's: its process less its run (which
   holds the final evaluation, and on an accelerator any wait for programs still compiling)."""
   start = time.perf_counter()
-  s = harness.run_preset(
-      [f"--flagfile={CFG}", f"--env={env}", f"--num_seeds={num_seeds}",
-       f"--total_steps={FLAGS.total_steps}", f"--log_every={FLAGS.total_steps}",
-       "--compilation_cache_dir="],
-      os.path.join(FLAGS.logdir, tag), FLAGS.extra_flags)
+  try:
+    s = harness.run_preset(
+        [f"--flagfile={CFG}", f"--env={env}", f"--num_seeds={num_seeds}",
+         f"--total_steps={FLAGS.total_steps}", f"--log_every={FLAGS.total_steps}",
+         "--compilation_cache_dir="],
+        os.path.join(FLAGS.logdir, tag), FLAGS.extra_flags)
+  except subprocess.CalledProcessError as error:  # The run's own line is on stderr above.
+    print(f"ours failed on {env} at --num_seeds={num_seeds} (exit code {error.returncode}).",
+          file=sys.stderr)
+    raise SystemExit(error.returncode) from None
   return {"compile_s": s["compile_s"], "sps_after_compile": s["sps_after_compile_all_seeds"],
           "eval_s": s["eval_s"], "summary": s,
           "outside_run_s": time.perf_counter() - start - (s["wall_s"] - s["compile_s"])}

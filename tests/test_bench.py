@@ -92,7 +92,7 @@ gpu_speed.FLAGS(["gpu_speed"])
 clock = [100.0, 125.0, 200.0, 230.0]  # Each process is launched, then ends, 25 s and 30 s on.
 gpu_speed.time.perf_counter = lambda: clock.pop(0)
 gpu_speed.subprocess.run = lambda *a, **k: types.SimpleNamespace(
-    stdout='{"compile_s": 3.0, "run_s": 4.0, "sps_after_compile": 1.0}\\n')
+    returncode=0, stdout='{"compile_s": 3.0, "run_s": 4.0, "sps_after_compile": 1.0}\\n')
 harness.run_preset = lambda *a, **k: {"compile_s": 6.0, "wall_s": 20.0, "eval_s": 0.1,
                                       "sps_after_compile_all_seeds": 1.0}
 print(gpu_speed.peer(1)["outside_run_s"],
@@ -106,6 +106,40 @@ def test_gpu_speed_takes_the_same_time_from_either_process_the_run_after_compili
   out = subprocess.run([sys.executable, "-c", _START_S], cwd=ROOT, capture_output=True,
                        text=True, timeout=120, check=True)
   assert [float(v) for v in out.stdout.split()[-2:]] == [21.0, 16.0]
+
+
+_FAILED = '''
+import subprocess, types
+from bench import gpu_speed, harness
+gpu_speed.FLAGS(["gpu_speed"])
+gpu_speed.subprocess.run = lambda *a, **k: types.SimpleNamespace(
+    returncode=1, stdout="", stderr="Traceback (most recent call last):\\n  ...\\n"
+    "jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory allocating 16 bytes.\\n")
+try:
+  gpu_speed.peer(4096)
+except SystemExit as stop:
+  print(repr(stop.code))
+def refused(*a, **k):
+  raise subprocess.CalledProcessError(2, ["python", "-m", "launch.run_dqn"])
+harness.run_preset = refused
+try:
+  gpu_speed.ours(4096, "gymnax:CartPole-v1", "t")
+except SystemExit as stop:
+  print(repr(stop.code))
+'''
+
+
+def test_gpu_speed_reports_a_failed_run_in_one_line_naming_the_seeds():
+  """No child traceback: the peer's last error line, or ours' exit code (2: the run refused
+  its flags, on stderr above), each with the `--num_seeds` that failed."""
+  out = subprocess.run([sys.executable, "-c", _FAILED], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120, check=True)
+  peer_line, ours_code = out.stdout.strip().splitlines()[-2:]
+  assert peer_line == repr("PureJaxRL's dqn.py failed at --num_seeds=4096 (exit code 1): "
+                           "jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory "
+                           "allocating 16 bytes.")
+  assert ours_code == "2"
+  assert "ours failed on gymnax:CartPole-v1 at --num_seeds=4096 (exit code 2)." in out.stderr
 
 
 def test_a_bench_run_without_the_checkout_says_what_to_clone_before_running(tmp_path):

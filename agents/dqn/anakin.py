@@ -227,11 +227,6 @@ class AnakinSource(Source):
       finally:
         run_checkpoints.close()
     num_seeds = experiment.num_seeds
-    self.seeds = seeds = [experiment.seed + i for i in range(num_seeds)]
-    train_keys = seeding.keys_of(seeds)
-    # Evaluation has its own stream per seed.
-    self._eval_keys = seeding.keys_of([seeding.derive_seed(s, seeding.Stream.EVAL_KEYS)
-                                       for s in seeds])
     self._mesh = mesh = seed_layout.seed_mesh(
         num_seeds, experiment.cpu_devices,
         networks_lib.choose_torso(env.spec.observations.shape, config.torso),
@@ -240,8 +235,17 @@ class AnakinSource(Source):
     batched = seed_layout.runs_batched(num_seeds // mesh.size, experiment.prng_impl)
     init = jax.jit(seed_layout.per_device(seed_layout.over_seeds(trainer.init, batched), mesh,
                                           P("seeds")))
-    state_shape = jax.eval_shape(init, train_keys)
+    # The memory check needs only the keys' shape: it comes before any per-seed work on the
+    # host (the keys below take seconds per million seeds).
+    # (An eager key: a traced one would come from JAX's cache, which ignores the PRNG in force.)
+    key = jax.random.PRNGKey(0)
+    state_shape = jax.eval_shape(init, jax.ShapeDtypeStruct((num_seeds, *key.shape), key.dtype))
     seed_layout.check_memory(state_shape, mesh, num_seeds, config)
+    self.seeds = seeds = [experiment.seed + i for i in range(num_seeds)]
+    train_keys = seeding.keys_of(seeds)
+    # Evaluation has its own stream per seed.
+    self._eval_keys = seeding.keys_of([seeding.derive_seed(s, seeding.Stream.EVAL_KEYS)
+                                       for s in seeds])
     # An accelerator, and a CPU device with a batch of seeds, run the learning warm-up as
     # loops of its own (seed_layout.warmup_loops): up to three chunk programs, one per
     # warm-up length.

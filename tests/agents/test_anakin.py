@@ -22,6 +22,7 @@ from acme_jax_dqn import specs
 from acme_jax_dqn import xla_setup
 from acme_jax_dqn.adders import NStepTransitionAdder
 from acme_jax_dqn.types import Transition
+from agents.dqn import anakin as anakin_lib
 from agents.dqn import seed_layout
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import ConfigError, DQNConfig
@@ -640,6 +641,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 from acme_jax_dqn import envs
 from agents.dqn.seed_layout import over_seeds as _over_seeds, per_device as _per_device
+from agents.dqn import anakin as anakin_lib
 from agents.dqn import seed_layout
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import DQNConfig
@@ -700,6 +702,20 @@ def test_seeds_whose_state_cannot_fit_in_memory_are_refused_before_compiling(tmp
                      r"of host memory .*`replay_capacity`=2000000000 included.*Use `num_seeds` "
                      r"<= 0, or a smaller `replay_capacity`"):
     run_experiment(experiment, _tiny_config(replay_capacity=2 * 10**9))
+  assert not (tmp_path / "run" / "train.csv").exists()
+
+
+def test_too_many_seeds_are_refused_before_any_per_seed_work(tmp_path, monkeypatch):
+  """Ten million seeds: the memory check needs only the keys' shape, so no key is made first."""
+  def no_keys(seeds):
+    raise AssertionError(f"keys made for {len(seeds)} seeds before the memory check")
+  monkeypatch.setattr(anakin_lib.seeding, "keys_of", no_keys)
+  experiment = ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin", num_seeds=10**7,
+                                total_steps=400, logdir=str(tmp_path / "run"), quiet=True,
+                                loggers=("csv",))
+  with pytest.raises(ConfigError, match=r"`num_seeds`=10000000: the training state needs "
+                     r"[\d,.]+ GiB of host memory .*Use `num_seeds` <= \d+"):
+    run_experiment(experiment, _tiny_config())
   assert not (tmp_path / "run" / "train.csv").exists()
 
 
