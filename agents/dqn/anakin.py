@@ -240,7 +240,8 @@ class AnakinSource(Source):
     # (An eager key: a traced one would come from JAX's cache, which ignores the PRNG in force.)
     key = jax.random.PRNGKey(0)
     state_shape = jax.eval_shape(init, jax.ShapeDtypeStruct((num_seeds, *key.shape), key.dtype))
-    seed_layout.check_memory(state_shape, mesh, num_seeds, config)
+    seed_layout.check_memory(state_shape, mesh, num_seeds, config, jax.eval_shape(
+        lambda k: anakin_lib.reset_copies(env, k, experiment.eval_episodes), key))
     self.seeds = seeds = [experiment.seed + i for i in range(num_seeds)]
     train_keys = seeding.keys_of(seeds)
     # Evaluation has its own stream per seed.

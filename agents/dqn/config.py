@@ -187,6 +187,9 @@ class ConfigError(ValueError):
   """A config value that cannot work; the message names the field (flag) and the fix."""
 
 
+INT32_MAX = 2**31 - 1
+
+
 def fail(field: str, value, why: str) -> None:
   """Raises ConfigError naming `field`=value (in the kit's terms) and why it cannot work."""
   raise ConfigError(f"`{field}`={value!r}: {why}")
@@ -207,6 +210,9 @@ def _check(c: DQNConfig) -> None:
     value = getattr(c, name)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       fail(name, value, "must be an integer of at least 1.")
+    if value > INT32_MAX:  # Sizes and counts inside compiled programs are int32.
+      fail(name, value, f"must be at most {INT32_MAX:,} (2**31 - 1): the compiled programs "
+           "hold it as a 32-bit integer.")
   for name in ("epsilon_decay_steps", "learning_rate_decay_steps",
                "importance_sampling_anneal_steps"):
     if getattr(c, name) < 0:

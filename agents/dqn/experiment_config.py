@@ -4,7 +4,7 @@ import dataclasses
 from typing import Tuple
 
 from acme_jax_dqn import loggers
-from agents.dqn.config import ConfigError, fail
+from agents.dqn.config import INT32_MAX, ConfigError, fail
 
 RUN_MODES = ("local", "anakin", "distributed")
 # JAX's PRNG implementations (`jax_default_prng_impl`); threefry2x32 is JAX's default.
@@ -148,6 +148,10 @@ def _check(e: ExperimentConfig) -> None:
   if e.checkpoint_every > 0 and not e.save_checkpoints:
     fail("checkpoint_every", e.checkpoint_every, "asks for checkpoints and "
           "`save_checkpoints`=False turns them off; drop one.")
+  if e.run_mode == "anakin" and e.total_steps > INT32_MAX:
+    fail("total_steps", e.total_steps, f"must be at most {INT32_MAX:,} (2**31 - 1) with "
+         "`run_mode`=anakin: the compiled program counts each seed's env steps as a 32-bit "
+         "integer.")
   if e.run_mode == "anakin" and not e.checkpoint_replay:
     fail("checkpoint_replay", False, "in anakin mode the replay is part of the compiled "
           "state and is always saved; drop the setting.")

@@ -98,30 +98,47 @@ def _device_memory_bytes(device) -> Optional[int]:
   return None
 
 
-def check_memory(state_shape, mesh: jax.sharding.Mesh, num_seeds: int,
-                  config: DQNConfig) -> None:
+def check_memory(state_shape, mesh: jax.sharding.Mesh, num_seeds: int, config: DQNConfig,
+                  eval_shape=None) -> None:
   """Refuses, before compiling, seeds whose training state cannot fit on the devices.
 
   The state (replay, parameters, optimizer, environments) of every seed
-  lives on the device for the whole run; a device holds its block of seeds.
+  lives on the device for the whole run, and each evaluation adds its
+  episodes in flight (`eval_shape`: one seed's observations and environment
+  states at an evaluation, counted twice, for the loop's carry and its
+  update); a device holds its block of seeds. The error names the fix for
+  the largest part.
   """
   limit = _device_memory_bytes(mesh.devices.flat[0])
   if not limit:
     return
-  total = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(state_shape))
-  per_seed = total / num_seeds
+  nbytes = lambda tree: sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))
+  replay = f"replay (`replay_capacity`={config.replay_capacity})"
+  buffer = getattr(state_shape, "buffer", None)  # PQN's rollouts live inside its program.
+  parts = {replay: nbytes(buffer) / num_seeds} if buffer is not None else {}
+  parts["learner"] = nbytes(state_shape.learner) / num_seeds
+  parts["environments"] = nbytes(state_shape) / num_seeds - sum(parts.values())
+  parts["evaluation"] = 2 * nbytes(eval_shape)
+  per_seed = sum(parts.values())
   # CPU devices share the host's memory; other devices each hold their block.
   shared = mesh.devices.flat[0].platform == "cpu"
   seeds_per_limit = num_seeds if shared else num_seeds // mesh.size
-  if per_seed * seeds_per_limit > 0.9 * limit:
-    fits = int(0.9 * limit // per_seed) * (1 if shared else mesh.size)
-    gib = lambda n: f"{n / 2**30:.1f} GiB"
-    raise ConfigError(
-        f"`num_seeds`={num_seeds}: the training state needs {gib(per_seed * seeds_per_limit)}"
-        f" {'of host memory' if shared else 'per device'} ({per_seed / 2**20:,.1f} MiB per "
-        f"seed, its replay of `replay_capacity`={config.replay_capacity} included) and "
-        f"{'the host' if shared else 'a device'} holds {gib(limit)}. Use `num_seeds` <= "
-        f"{max(fits, 0)}, or a smaller `replay_capacity`.")
+  if per_seed * seeds_per_limit <= 0.9 * limit:
+    return
+  fixes = {replay: "a smaller `replay_capacity`",
+           "learner": "a smaller network (`hidden_sizes`, `torso`)",
+           "environments": "fewer `num_envs`", "evaluation": "fewer `eval_episodes`"}
+  fix = fixes[max(parts, key=parts.get)]
+  fits = int(0.9 * limit // per_seed) * (1 if shared else mesh.size)
+  gib = lambda n: f"{n / 2**30:.1f} GiB"
+  where = "of host memory" if shared else "per device"
+  holder = "the host" if shared else "a device"
+  shares = ", ".join(f"{name} {size / 2**20:,.1f}" for name, size in parts.items())
+  use = f"Use `num_seeds` <= {fits}, or {fix}." if fits else f"Not one seed fits: use {fix}."
+  raise ConfigError(
+      f"`num_seeds`={num_seeds}: the training state needs {gib(per_seed * seeds_per_limit)} "
+      f"{where} ({per_seed / 2**20:,.1f} MiB per seed: {shares} MiB) and {holder} holds "
+      f"{gib(limit)}. {use}")
 
 
 def per_device(fn, mesh, in_specs, out_specs=P("seeds")):

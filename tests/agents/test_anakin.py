@@ -699,9 +699,30 @@ def test_seeds_whose_state_cannot_fit_in_memory_are_refused_before_compiling(tmp
                                 total_steps=400, logdir=str(tmp_path / "run"), quiet=True,
                                 loggers=("csv",))
   with pytest.raises(ConfigError, match=r"`num_seeds`=2: the training state needs [\d,.]+ GiB "
-                     r"of host memory .*`replay_capacity`=2000000000 included.*Use `num_seeds` "
-                     r"<= 0, or a smaller `replay_capacity`"):
+                     r"of host memory \([\d,.]+ MiB per seed: replay \(`replay_capacity`="
+                     r"2000000000\) [\d,.]+, learner .*Not one seed fits: use a smaller "
+                     r"`replay_capacity`\.$"):
     run_experiment(experiment, _tiny_config(replay_capacity=2 * 10**9))
+  assert not (tmp_path / "run" / "train.csv").exists()
+
+
+@pytest.mark.parametrize("config_fields, experiment_fields, fix", [
+    ({"hidden_sizes": (60_000, 60_000)}, {}, "a smaller network (`hidden_sizes`, `torso`)"),
+    ({"hidden_sizes": (60_000, 60_000), "pqn": True}, {},  # No replay in PQN's state.
+     "a smaller network (`hidden_sizes`, `torso`)"),
+    ({}, {"eval_episodes": 10**9}, "fewer `eval_episodes`"),
+    ({"num_envs": 5 * 10**8, "replay_capacity": 100}, {"total_steps": 10**9}, "fewer `num_envs`"),
+])
+def test_seeds_that_cannot_fit_are_told_the_fix_for_the_largest_part(
+    tmp_path, config_fields, experiment_fields, fix):
+  """The parameters, the evaluation's episodes in flight or the environments, not the replay."""
+  experiment = ExperimentConfig(**{
+      "env": "gymnax:CartPole-v1", "run_mode": "anakin", "total_steps": 400,
+      "logdir": str(tmp_path / "run"), "quiet": True, "loggers": ("csv",),
+      **experiment_fields})
+  with pytest.raises(ConfigError) as error:
+    run_experiment(experiment, _tiny_config(**{"min_replay_size": 50, **config_fields}))
+  assert str(error.value).endswith(f"Not one seed fits: use {fix}."), str(error.value)
   assert not (tmp_path / "run" / "train.csv").exists()
 
 

@@ -54,3 +54,23 @@ def test_experiment_config_refuses_impossible_values_in_its_own_terms(kwargs, fi
   with pytest.raises(ConfigError, match=re.escape(f"`{field}`")) as raised:
     ExperimentConfig(**kwargs)
   assert "--" not in str(raised.value)  # Flag names are for launch/ to write.
+
+
+@pytest.mark.parametrize("name", ["replay_capacity", "batch_size", "num_envs",
+                                  "target_update_period"])
+def test_sizes_beyond_int32_are_refused_as_the_programs_hold_them_in_32_bits(name):
+  """2**31 - 1 passes the bound (other checks may still refuse it); 2**31 does not."""
+  with pytest.raises(ConfigError, match=re.escape(f"`{name}`={2**31}: must be at most "
+                                                  "2,147,483,647 (2**31 - 1)")):
+    DQNConfig(**{name: 2**31})
+  try:
+    DQNConfig(**{name: 2**31 - 1})
+  except ConfigError as error:
+    assert "2**31 - 1" not in str(error)
+
+
+def test_anakin_counts_a_seeds_env_steps_in_int32_so_longer_runs_are_refused():
+  with pytest.raises(ConfigError, match=re.escape(f"`total_steps`={2**31}: must be at most")):
+    ExperimentConfig(run_mode="anakin", env="gymnax:CartPole-v1", total_steps=2**31)
+  ExperimentConfig(run_mode="anakin", env="gymnax:CartPole-v1", total_steps=2**31 - 1)
+  assert ExperimentConfig(run_mode="local", total_steps=2**31).total_steps == 2**31
