@@ -7,7 +7,7 @@ device query); each says so, and returns False when it is too late.
 
 import contextlib
 import os
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import jax
 
@@ -161,3 +161,21 @@ def run_xla_on_one_cpu_core() -> bool:
   finally:
     os.sched_setaffinity(0, allowed)  # Python and later host threads use every core again.
   return True
+
+
+def device_memory_bytes(device) -> Optional[int]:
+  """What one device can hold: its allocator's limit, or the host's memory for a CPU device."""
+  stats = device.memory_stats() or {}
+  if "bytes_limit" in stats:
+    return int(stats["bytes_limit"])
+  if device.platform == "cpu" and hasattr(os, "sysconf"):
+    try:
+      return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+      return None
+  return None
+
+
+def nbytes(tree) -> int:
+  """Bytes of a tree of arrays or of their shapes (`jax.eval_shape`'s output); None counts 0."""
+  return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))

@@ -18,6 +18,7 @@ from acme_jax_dqn import pqn
 from acme_jax_dqn import rate_limiting
 from acme_jax_dqn import replay as replay_lib
 from acme_jax_dqn import specs
+from acme_jax_dqn import xla_setup
 from acme_jax_dqn.envs.gymnax_adapter import GymnaxEnv
 from acme_jax_dqn.types import Transition
 from agents.dqn.config import ConfigError, DQNConfig
@@ -231,9 +232,32 @@ class DQNBuilder:
           np.stack([observation] * self.config.num_envs), zeros.astype(np.int32), zeros,
           zeros, zeros, np.stack([observation] * self.config.num_envs), zeros)
       return pqn.RolloutBuffer(example, self.config.pqn_rollout_len)
-    return replay_lib.ReplayBuffer(replay or self.make_replay(),
-                                   self.example_transition(spec),
+    replay = replay or self.make_replay()
+    example = self.example_transition(spec)
+    self.check_replay_fits(replay, example)
+    return replay_lib.ReplayBuffer(replay, example,
                                    insert_chunk=insert_chunk or self.config.inserts_per_learner_step)
+
+  def check_replay_fits(self, replay: replay_lib.Replay, example: Transition,
+                        device: Optional[jax.Device] = None) -> None:
+    """Refuses, before allocating it, a host-fed replay that `device` cannot hold.
+
+    `device` is where the buffer will live (default: this process's
+    default device; a CPU device stands for the host's memory). The
+    buffer's arrays come from `jax.eval_shape` of its init, so a capacity
+    too large costs no allocation and no compile.
+    """
+    device = device or jax.local_devices()[0]
+    limit = xla_setup.device_memory_bytes(device)
+    need = xla_setup.nbytes(jax.eval_shape(replay.init, example))
+    if not limit or need <= 0.9 * limit:
+      return
+    per_item = need / replay.capacity
+    holder = "the host" if device.platform == "cpu" else "the device"
+    raise ConfigError(
+        f"`replay_capacity`={replay.capacity}: the replay needs {need / 2**30:.1f} GiB "
+        f"({per_item:,.0f} bytes per transition) and {holder} holds {limit / 2**30:.1f} GiB. "
+        f"Use `replay_capacity` <= {int(0.9 * limit // per_item)}.")
 
   def make_adder(self, replay_buffer, num_envs: int = 1):
     """n-step transitions into `replay_buffer` (a `ReplayBuffer`, or any callable sink).

@@ -7,7 +7,6 @@ runs (`check_independent_seeds`) or whose state cannot fit in memory
 (`check_memory`) are refused.
 """
 
-import os
 from typing import Optional
 
 import jax
@@ -85,19 +84,6 @@ def check_independent_seeds(experiment: ExperimentConfig, seed_devices: int) -> 
         f"seed per device (on the CPU, `cpu_devices`={experiment.num_seeds}).")
 
 
-def _device_memory_bytes(device) -> Optional[int]:
-  """What one device can hold: its allocator's limit, or the host's memory for a CPU device."""
-  stats = device.memory_stats() or {}
-  if "bytes_limit" in stats:
-    return int(stats["bytes_limit"])
-  if device.platform == "cpu" and hasattr(os, "sysconf"):
-    try:
-      return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-      return None
-  return None
-
-
 def check_memory(state_shape, mesh: jax.sharding.Mesh, num_seeds: int, config: DQNConfig,
                   eval_shape=None) -> None:
   """Refuses, before compiling, seeds whose training state cannot fit on the devices.
@@ -109,16 +95,15 @@ def check_memory(state_shape, mesh: jax.sharding.Mesh, num_seeds: int, config: D
   update); a device holds its block of seeds. The error names the fix for
   the largest part.
   """
-  limit = _device_memory_bytes(mesh.devices.flat[0])
+  limit = xla_setup.device_memory_bytes(mesh.devices.flat[0])
   if not limit:
     return
-  nbytes = lambda tree: sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))
   replay = f"replay (`replay_capacity`={config.replay_capacity})"
   buffer = getattr(state_shape, "buffer", None)  # PQN's rollouts live inside its program.
-  parts = {replay: nbytes(buffer) / num_seeds} if buffer is not None else {}
-  parts["learner"] = nbytes(state_shape.learner) / num_seeds
-  parts["environments"] = nbytes(state_shape) / num_seeds - sum(parts.values())
-  parts["evaluation"] = 2 * nbytes(eval_shape)
+  parts = {replay: xla_setup.nbytes(buffer) / num_seeds} if buffer is not None else {}
+  parts["learner"] = xla_setup.nbytes(state_shape.learner) / num_seeds
+  parts["environments"] = xla_setup.nbytes(state_shape) / num_seeds - sum(parts.values())
+  parts["evaluation"] = 2 * xla_setup.nbytes(eval_shape)
   per_seed = sum(parts.values())
   # CPU devices share the host's memory; other devices each hold their block.
   shared = mesh.devices.flat[0].platform == "cpu"

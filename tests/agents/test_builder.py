@@ -27,3 +27,30 @@ def test_distributed_actors_take_their_ape_x_epsilons_from_the_builder():
                              num_actors=4).epsilon for i in range(4)]
   assert made == pytest.approx(list(actors.apex_epsilons(4, config.apex_epsilon_base,
                                                          config.apex_epsilon_alpha)))
+
+
+def test_a_replay_the_device_cannot_hold_is_refused_and_the_capacity_it_suggests_fits(
+    monkeypatch):
+  """CartPole's transition is 44 bytes (two observations of 4 float32, an int32 action, a
+  float32 reward and discount); with 1 MiB of device memory 100,000 of them cannot fit."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from dm_env import specs as dm_specs  # pylint: disable=import-outside-toplevel
+  from acme_jax_dqn import specs, xla_setup  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(xla_setup, "device_memory_bytes", lambda device: 2**20)
+  spec = specs.EnvironmentSpec(
+      observations=dm_specs.Array((4,), np.float32, "observation"),
+      actions=dm_specs.DiscreteArray(2, name="action"),
+      rewards=dm_specs.Array((), np.float32, "reward"),
+      discounts=dm_specs.BoundedArray((), np.float32, 0.0, 1.0, "discount"))
+  builder = DQNBuilder(DQNConfig(replay_capacity=100_000, min_replay_size=100))
+  example = builder.example_transition(spec)
+  assert xla_setup.nbytes(example) == 44
+  with pytest.raises(ConfigError, match=r"`replay_capacity`=100000: the replay needs 0\.0 GiB "
+                     r"\(44 bytes per transition\) and the host holds 0\.0 GiB\. Use "
+                     r"`replay_capacity` <= (\d+)\.") as error:
+    builder.make_replay_buffer(spec)
+  suggested = int(str(error.value).rsplit("<= ", 1)[1].rstrip("."))
+  assert 0.9 * 2**20 / 44 - 2 <= suggested <= 0.9 * 2**20 / 44  # The buffer's few counters.
+  fitting = DQNBuilder(DQNConfig(replay_capacity=suggested, min_replay_size=100))
+  fitting.check_replay_fits(fitting.make_replay(), example, jax.devices("cpu")[0])

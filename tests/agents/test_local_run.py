@@ -1,5 +1,5 @@
 """run_experiment: batched envs count real steps and log on cadence; CPU dispatch is set in time;
-the compilation cache reaches processes the run starts."""
+the compilation cache reaches processes the run starts; a replay too large is refused first."""
 
 import csv
 import json
@@ -7,10 +7,27 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from acme_jax_dqn import xla_setup
-from agents.dqn import DQNConfig
+from agents.dqn import ConfigError, DQNConfig
 from agents.dqn.experiment import ExperimentConfig, run_experiment
 from tests.fakes import ROOT
+
+
+@pytest.mark.parametrize("run_mode", ["local", "distributed"])
+def test_a_replay_the_host_cannot_hold_is_refused_before_the_run_starts(
+    tmp_path, monkeypatch, run_mode):
+  """Local mode before allocating it; distributed mode before Ray starts any node."""
+  monkeypatch.setattr(xla_setup, "device_memory_bytes", lambda device: 2**20)
+  experiment = ExperimentConfig(env="gymnasium:CartPole-v1", run_mode=run_mode,
+                                total_steps=1000, logdir=str(tmp_path / "run"), quiet=True)
+  with pytest.raises(ConfigError, match=r"`replay_capacity`=100000: the replay needs .* Use "
+                     r"`replay_capacity` <= \d+\."):
+    run_experiment(experiment, DQNConfig(replay_capacity=100_000, min_replay_size=100))
+  assert not (tmp_path / "run" / "train.csv").exists()
+  if "ray" in sys.modules:
+    assert not sys.modules["ray"].is_initialized()
 
 
 def test_batched_run_counts_real_steps_and_logs_on_cadence(tmp_path):
