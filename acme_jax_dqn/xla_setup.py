@@ -168,12 +168,15 @@ def device_memory_bytes(device) -> Optional[int]:
   stats = device.memory_stats() or {}
   if "bytes_limit" in stats:
     return int(stats["bytes_limit"])
-  if device.platform == "cpu" and hasattr(os, "sysconf"):
-    try:
-      return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-      return None
-  return None
+  return host_memory_bytes() if device.platform == "cpu" else None
+
+
+def host_memory_bytes() -> Optional[int]:
+  """This machine's physical memory (None where the OS does not say); starts no JAX backend."""
+  try:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (AttributeError, ValueError, OSError):
+    return None
 
 
 def nbytes(tree) -> int:

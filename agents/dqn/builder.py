@@ -239,25 +239,37 @@ class DQNBuilder:
                                    insert_chunk=insert_chunk or self.config.inserts_per_learner_step)
 
   def check_replay_fits(self, replay: replay_lib.Replay, example: Transition,
-                        device: Optional[jax.Device] = None) -> None:
-    """Refuses, before allocating it, a host-fed replay that `device` cannot hold.
+                        on_host: bool = False) -> None:
+    """Refuses, before allocating it, a host-fed replay that its memory cannot hold.
 
-    `device` is where the buffer will live (default: this process's
-    default device; a CPU device stands for the host's memory). The
-    buffer's arrays come from `jax.eval_shape` of its init, so a capacity
-    too large costs no allocation and no compile.
+    The buffer lives on this process's default device (a CPU device: the
+    host's memory), or with `on_host` in the host's memory, asked of the
+    OS (the distributed driver's check, which starts no JAX backend). Its
+    arrays come from `jax.eval_shape` of its init, so a capacity too large
+    costs no allocation and no compile; the error names the largest
+    capacity that fits (bytes do not grow in step with capacity: a
+    prioritized replay's sum tree has a power-of-two size).
     """
-    device = device or jax.local_devices()[0]
-    limit = xla_setup.device_memory_bytes(device)
-    need = xla_setup.nbytes(jax.eval_shape(replay.init, example))
-    if not limit or need <= 0.9 * limit:
+    if on_host:
+      limit, holder = xla_setup.host_memory_bytes(), "the host"
+    else:
+      device = jax.local_devices()[0]
+      limit = xla_setup.device_memory_bytes(device)
+      holder = "the host" if device.platform == "cpu" else "the device"
+    c = self.config
+    need = lambda capacity: xla_setup.nbytes(jax.eval_shape(replay_lib.make_replay(
+        capacity, c.batch_size, c.prioritized, c.priority_exponent).init, example))
+    if not limit or need(replay.capacity) <= 0.9 * limit:
       return
-    per_item = need / replay.capacity
-    holder = "the host" if device.platform == "cpu" else "the device"
+    fits, over = 0, replay.capacity  # need(fits) fits (0: nothing), need(over) does not.
+    while over - fits > 1:
+      middle = (fits + over) // 2
+      fits, over = (middle, over) if need(middle) <= 0.9 * limit else (fits, middle)
     raise ConfigError(
-        f"`replay_capacity`={replay.capacity}: the replay needs {need / 2**30:.1f} GiB "
-        f"({per_item:,.0f} bytes per transition) and {holder} holds {limit / 2**30:.1f} GiB. "
-        f"Use `replay_capacity` <= {int(0.9 * limit // per_item)}.")
+        f"`replay_capacity`={replay.capacity}: the replay needs "
+        f"{need(replay.capacity) / 2**30:.1f} GiB ({xla_setup.nbytes(example):,} bytes per "
+        f"transition) and {holder} holds {limit / 2**30:.1f} GiB. Use `replay_capacity` <= "
+        f"{fits}.")
 
   def make_adder(self, replay_buffer, num_envs: int = 1):
     """n-step transitions into `replay_buffer` (a `ReplayBuffer`, or any callable sink).

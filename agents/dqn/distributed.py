@@ -177,7 +177,7 @@ class DistributedSource(Source):
       raise ConfigError(str(error)) from error
     # Before any node starts (the replay node, with no GPU, checks its own host's memory too).
     builder.check_replay_fits(builder.make_replay(), builder.example_transition(spec),
-                              jax.devices("cpu")[0])
+                              on_host=True)
     address = experiment.ray_address or os.environ.get("RAY_ADDRESS", "")
     self._ray, self._started = ray_cluster.start_ray(address,
                                                        experiment.compilation_cache_dir)

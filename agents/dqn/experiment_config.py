@@ -148,6 +148,10 @@ def _check(e: ExperimentConfig) -> None:
   if e.checkpoint_every > 0 and not e.save_checkpoints:
     fail("checkpoint_every", e.checkpoint_every, "asks for checkpoints and "
           "`save_checkpoints`=False turns them off; drop one.")
+  for name in ("eval_episodes", "num_seeds"):  # Array sizes in the compiled programs.
+    if getattr(e, name) > INT32_MAX:
+      fail(name, getattr(e, name), f"must be at most {INT32_MAX:,} (2**31 - 1): the compiled "
+           "programs hold it as a 32-bit integer.")
   if e.run_mode == "anakin" and e.total_steps > INT32_MAX:
     fail("total_steps", e.total_steps, f"must be at most {INT32_MAX:,} (2**31 - 1) with "
          "`run_mode`=anakin: the compiled program counts each seed's env steps as a 32-bit "

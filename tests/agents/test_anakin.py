@@ -22,7 +22,7 @@ from acme_jax_dqn import specs
 from acme_jax_dqn import xla_setup
 from acme_jax_dqn.adders import NStepTransitionAdder
 from acme_jax_dqn.types import Transition
-from agents.dqn import anakin as anakin_lib
+from agents.dqn import anakin as dqn_anakin
 from agents.dqn import seed_layout
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import ConfigError, DQNConfig
@@ -641,7 +641,6 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 from acme_jax_dqn import envs
 from agents.dqn.seed_layout import over_seeds as _over_seeds, per_device as _per_device
-from agents.dqn import anakin as anakin_lib
 from agents.dqn import seed_layout
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import DQNConfig
@@ -694,28 +693,36 @@ def test_seed_k_in_a_k_seed_program_trains_what_it_trains_alone():
   assert out["apart"] > 1e-2  # Different seeds train different parameters.
 
 
-def test_seeds_whose_state_cannot_fit_in_memory_are_refused_before_compiling(tmp_path):
+def _one_gib_of_memory(monkeypatch):
+  """Every device and the host hold 1 GiB: the checks below do not depend on this machine."""
+  monkeypatch.setattr(xla_setup, "device_memory_bytes", lambda device: 2**30)
+
+
+def test_seeds_whose_state_cannot_fit_in_memory_are_refused_before_compiling(tmp_path,
+                                                                             monkeypatch):
+  _one_gib_of_memory(monkeypatch)
   experiment = ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin", num_seeds=2,
                                 total_steps=400, logdir=str(tmp_path / "run"), quiet=True,
                                 loggers=("csv",))
   with pytest.raises(ConfigError, match=r"`num_seeds`=2: the training state needs [\d,.]+ GiB "
                      r"of host memory \([\d,.]+ MiB per seed: replay \(`replay_capacity`="
-                     r"2000000000\) [\d,.]+, learner .*Not one seed fits: use a smaller "
+                     r"100000000\) [\d,.]+, learner .*Not one seed fits: use a smaller "
                      r"`replay_capacity`\.$"):
-    run_experiment(experiment, _tiny_config(replay_capacity=2 * 10**9))
+    run_experiment(experiment, _tiny_config(replay_capacity=10**8))
   assert not (tmp_path / "run" / "train.csv").exists()
 
 
 @pytest.mark.parametrize("config_fields, experiment_fields, fix", [
-    ({"hidden_sizes": (60_000, 60_000)}, {}, "a smaller network (`hidden_sizes`, `torso`)"),
-    ({"hidden_sizes": (60_000, 60_000), "pqn": True}, {},  # No replay in PQN's state.
+    ({"hidden_sizes": (20_000, 20_000)}, {}, "a smaller network (`hidden_sizes`, `torso`)"),
+    ({"hidden_sizes": (20_000, 20_000), "pqn": True}, {},  # No replay in PQN's state.
      "a smaller network (`hidden_sizes`, `torso`)"),
-    ({}, {"eval_episodes": 10**9}, "fewer `eval_episodes`"),
-    ({"num_envs": 5 * 10**8, "replay_capacity": 100}, {"total_steps": 10**9}, "fewer `num_envs`"),
+    ({}, {"eval_episodes": 10**8}, "fewer `eval_episodes`"),
+    ({"num_envs": 5 * 10**7, "replay_capacity": 100}, {"total_steps": 10**8}, "fewer `num_envs`"),
 ])
 def test_seeds_that_cannot_fit_are_told_the_fix_for_the_largest_part(
-    tmp_path, config_fields, experiment_fields, fix):
+    tmp_path, monkeypatch, config_fields, experiment_fields, fix):
   """The parameters, the evaluation's episodes in flight or the environments, not the replay."""
+  _one_gib_of_memory(monkeypatch)
   experiment = ExperimentConfig(**{
       "env": "gymnax:CartPole-v1", "run_mode": "anakin", "total_steps": 400,
       "logdir": str(tmp_path / "run"), "quiet": True, "loggers": ("csv",),
@@ -730,7 +737,8 @@ def test_too_many_seeds_are_refused_before_any_per_seed_work(tmp_path, monkeypat
   """Ten million seeds: the memory check needs only the keys' shape, so no key is made first."""
   def no_keys(seeds):
     raise AssertionError(f"keys made for {len(seeds)} seeds before the memory check")
-  monkeypatch.setattr(anakin_lib.seeding, "keys_of", no_keys)
+  monkeypatch.setattr(dqn_anakin.seeding, "keys_of", no_keys)
+  _one_gib_of_memory(monkeypatch)
   experiment = ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin", num_seeds=10**7,
                                 total_steps=400, logdir=str(tmp_path / "run"), quiet=True,
                                 loggers=("csv",))

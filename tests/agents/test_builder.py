@@ -29,13 +29,14 @@ def test_distributed_actors_take_their_ape_x_epsilons_from_the_builder():
                                                          config.apex_epsilon_alpha)))
 
 
-def test_a_replay_the_device_cannot_hold_is_refused_and_the_capacity_it_suggests_fits(
-    monkeypatch):
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_a_replay_the_device_cannot_hold_is_refused_naming_the_largest_capacity_that_fits(
+    monkeypatch, prioritized):
   """CartPole's transition is 44 bytes (two observations of 4 float32, an int32 action, a
-  float32 reward and discount); with 1 MiB of device memory 100,000 of them cannot fit."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
+  float32 reward and discount); with 1 MiB of device memory 100,000 of them cannot fit. The
+  capacity the error names fits and one more does not, with or without the sum tree."""
   from dm_env import specs as dm_specs  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
   from acme_jax_dqn import specs, xla_setup  # pylint: disable=import-outside-toplevel
   monkeypatch.setattr(xla_setup, "device_memory_bytes", lambda device: 2**20)
   spec = specs.EnvironmentSpec(
@@ -43,14 +44,19 @@ def test_a_replay_the_device_cannot_hold_is_refused_and_the_capacity_it_suggests
       actions=dm_specs.DiscreteArray(2, name="action"),
       rewards=dm_specs.Array((), np.float32, "reward"),
       discounts=dm_specs.BoundedArray((), np.float32, 0.0, 1.0, "discount"))
-  builder = DQNBuilder(DQNConfig(replay_capacity=100_000, min_replay_size=100))
-  example = builder.example_transition(spec)
+  builder = lambda capacity: DQNBuilder(DQNConfig(replay_capacity=capacity, min_replay_size=100,
+                                                  prioritized=prioritized))
+  example = builder(100_000).example_transition(spec)
   assert xla_setup.nbytes(example) == 44
   with pytest.raises(ConfigError, match=r"`replay_capacity`=100000: the replay needs 0\.0 GiB "
-                     r"\(44 bytes per transition\) and the host holds 0\.0 GiB\. Use "
+                     r"\(44 bytes per transition\) and the (host|device) holds 0\.0 GiB\. Use "
                      r"`replay_capacity` <= (\d+)\.") as error:
-    builder.make_replay_buffer(spec)
+    builder(100_000).make_replay_buffer(spec)
   suggested = int(str(error.value).rsplit("<= ", 1)[1].rstrip("."))
-  assert 0.9 * 2**20 / 44 - 2 <= suggested <= 0.9 * 2**20 / 44  # The buffer's few counters.
-  fitting = DQNBuilder(DQNConfig(replay_capacity=suggested, min_replay_size=100))
-  fitting.check_replay_fits(fitting.make_replay(), example, jax.devices("cpu")[0])
+  if not prioritized:  # 44 bytes each, and the buffer's few counters.
+    assert 0.9 * 2**20 / 44 - 2 <= suggested <= 0.9 * 2**20 / 44
+  fitting = builder(suggested)
+  fitting.check_replay_fits(fitting.make_replay(), example)
+  with pytest.raises(ConfigError, match=f"`replay_capacity`={suggested + 1}: "):
+    over = builder(suggested + 1)
+    over.check_replay_fits(over.make_replay(), example)

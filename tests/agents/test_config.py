@@ -73,4 +73,7 @@ def test_anakin_counts_a_seeds_env_steps_in_int32_so_longer_runs_are_refused():
   with pytest.raises(ConfigError, match=re.escape(f"`total_steps`={2**31}: must be at most")):
     ExperimentConfig(run_mode="anakin", env="gymnax:CartPole-v1", total_steps=2**31)
   ExperimentConfig(run_mode="anakin", env="gymnax:CartPole-v1", total_steps=2**31 - 1)
+  for name in ("eval_episodes", "num_seeds"):  # Array sizes in every run mode.
+    with pytest.raises(ConfigError, match=re.escape(f"`{name}`={2**31}: must be at most")):
+      ExperimentConfig(run_mode="anakin", env="gymnax:CartPole-v1", **{name: 2**31})
   assert ExperimentConfig(run_mode="local", total_steps=2**31).total_steps == 2**31

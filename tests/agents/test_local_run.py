@@ -20,6 +20,7 @@ def test_a_replay_the_host_cannot_hold_is_refused_before_the_run_starts(
     tmp_path, monkeypatch, run_mode):
   """Local mode before allocating it; distributed mode before Ray starts any node."""
   monkeypatch.setattr(xla_setup, "device_memory_bytes", lambda device: 2**20)
+  monkeypatch.setattr(xla_setup, "host_memory_bytes", lambda: 2**20)  # Distributed: the host's.
   experiment = ExperimentConfig(env="gymnasium:CartPole-v1", run_mode=run_mode,
                                 total_steps=1000, logdir=str(tmp_path / "run"), quiet=True)
   with pytest.raises(ConfigError, match=r"`replay_capacity`=100000: the replay needs .* Use "
