@@ -14,8 +14,8 @@ only what it takes (at most all of it), and a scatter or dynamic update
 slice into an operand (which XLA runs in place) reads and writes only its
 update. A kernel that waits on launch latency (one seed on a GPU) costs its
 count; one that streams a batch of seeds' parameters and activations costs
-its bytes. The model counts no
-cache and no re-read inside a kernel (a matmul's tiles).
+its bytes. The model counts no cache and no re-read inside a kernel (a
+matmul's tiles).
 """
 
 import collections

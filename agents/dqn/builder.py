@@ -256,20 +256,20 @@ class DQNBuilder:
       device = jax.local_devices()[0]
       limit = xla_setup.device_memory_bytes(device)
       holder = "the host" if device.platform == "cpu" else "the device"
-    c = self.config
-    need = lambda capacity: xla_setup.nbytes(jax.eval_shape(replay_lib.make_replay(
-        capacity, c.batch_size, c.prioritized, c.priority_exponent).init, example))
-    if not limit or need(replay.capacity) <= 0.9 * limit:
+    total = xla_setup.nbytes(jax.eval_shape(replay.init, example))
+    if not limit or total <= 0.9 * limit:
       return
+    c = self.config  # Smaller replays of the same kind, for the capacity that fits.
+    need = lambda capacity: xla_setup.nbytes(jax.eval_shape(replay_lib.make_replay(
+        capacity, c.batch_size, replay.prioritized, c.priority_exponent).init, example))
     fits, over = 0, replay.capacity  # need(fits) fits (0: nothing), need(over) does not.
     while over - fits > 1:
       middle = (fits + over) // 2
       fits, over = (middle, over) if need(middle) <= 0.9 * limit else (fits, middle)
     raise ConfigError(
-        f"`replay_capacity`={replay.capacity}: the replay needs "
-        f"{need(replay.capacity) / 2**30:.1f} GiB ({xla_setup.nbytes(example):,} bytes per "
-        f"transition) and {holder} holds {limit / 2**30:.1f} GiB. Use `replay_capacity` <= "
-        f"{fits}.")
+        f"`replay_capacity`={replay.capacity}: the replay needs {total / 2**30:.1f} GiB "
+        f"({xla_setup.nbytes(example):,} bytes per transition) and {holder} holds "
+        f"{limit / 2**30:.1f} GiB. Use `replay_capacity` <= {fits}.")
 
   def make_adder(self, replay_buffer, num_envs: int = 1):
     """n-step transitions into `replay_buffer` (a `ReplayBuffer`, or any callable sink).
