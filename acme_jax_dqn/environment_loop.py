@@ -49,8 +49,13 @@ class EnvironmentLoop:
     self._lengths = None
     self.episodes: List[Dict[str, float]] = []
 
-  def run_episode(self) -> Dict[str, float]:
-    """Runs one whole episode of an unbatched environment (Acme's API)."""
+  def run_episode(self, should_stop: Optional[Callable[[], bool]] = None
+                  ) -> Optional[Dict[str, float]]:
+    """Runs one whole episode of an unbatched environment (Acme's API).
+
+    `should_stop`, checked after every step, abandons the episode: the call
+    returns None and counts nothing (e.g. an evaluation stopped by SIGTERM).
+    """
     if self._num_envs is not None:
       raise ValueError("run_episode needs one unbatched environment; use run_steps.")
     start = time.perf_counter()
@@ -65,6 +70,8 @@ class EnvironmentLoop:
         self._actor.update()
       episode_return += timestep.reward
       episode_length += 1
+      if should_stop is not None and should_stop() and not timestep.last():
+        return None
     counts = self._counter.increment(episodes=1, steps=episode_length)
     result = {"episode_return": episode_return, "episode_length": episode_length,
               "steps_per_second": episode_length / (time.perf_counter() - start),

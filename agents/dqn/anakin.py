@@ -335,7 +335,8 @@ class AnakinSource(Source):
     step, seed = min(bad)
     return int(np.sum(self._metrics["nonfinite_updates"])), step, f"seed {seed}, "
 
-  def start_eval(self, eval_index: int) -> bool:
+  def start_eval(self, eval_index: int, should_stop=None) -> bool:
+    del should_stop  # One compiled program; it also leaves the state unchanged.
     returns = self._evaluate.result()(self._state.learner.online_params, self._eval_keys,
                                       np.int32(eval_index))
     self.evals.append((self.env_steps, self.learner_steps, np.asarray(returns, np.float64)))

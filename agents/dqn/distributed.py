@@ -225,8 +225,7 @@ class DistributedSource(Source):
     self._eval_ref, self._eval_at = None, None
     self._evals: List[Any] = []
     self._stats: Dict[str, Any] = {}
-    self._train_s = None
-    self._train_start = None
+    self._train_s = self._train_start = None
 
   # The run loop's hooks.
   def restore(self, run_checkpoints):
@@ -320,17 +319,18 @@ class DistributedSource(Source):
     self._evals.append((*self._eval_at, values))
     self._eval_ref = None
 
-  def start_eval(self, eval_index: int) -> bool:
-    del eval_index  # The evaluator's own RNG stream goes on.
+  def start_eval(self, eval_index: int, should_stop=None) -> bool:
+    del eval_index, should_stop  # The evaluator's own RNG stream goes on.
     if self._eval_ref is not None:
       return False
     self._eval_ref = self._evaluator.evaluate.remote(self._experiment.eval_episodes)
     self._eval_at = (self.env_steps, self.learner_steps)  # The parameters it evaluates.
     return True
 
-  def finished_evals(self, wait: bool = False):
-    if wait and self._eval_ref is not None:
-      self._collect_eval()
+  def finished_evals(self, wait: bool = False, should_stop=None):
+    while wait and self._eval_ref is not None and not (should_stop and should_stop()):
+      if self._ray.wait([self._eval_ref], timeout=1.0)[0]:
+        self._collect_eval()
     done, self._evals = self._evals, []
     return done
 

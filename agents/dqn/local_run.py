@@ -7,7 +7,7 @@ repeats the uninterrupted one exactly.
 """
 
 import pickle
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import jax
 import numpy as np
@@ -26,11 +26,21 @@ from agents.dqn.run_loop import Source
 PROGRESS_EVERY = 1000  # Env steps between progress-bar updates.
 
 
-def evaluate(environment, actor, episodes: int) -> List[float]:
-  """Greedy (eval-epsilon) episode returns with the actor's latest parameters."""
+def evaluate(environment, actor, episodes: int,
+             should_stop: Optional[Callable[[], bool]] = None) -> Optional[List[float]]:
+  """Greedy (eval-epsilon) episode returns with the actor's latest parameters.
+
+  None when `should_stop` (checked after every step) ended it first.
+  """
   actor.update(wait=True)
   loop = loop_lib.EnvironmentLoop(environment, actor, should_update=False)
-  return [loop.run_episode()["episode_return"] for _ in range(episodes)]
+  returns = []
+  for _ in range(episodes):
+    result = loop.run_episode(should_stop)
+    if result is None:
+      return None
+    returns.append(result["episode_return"])
+  return returns
 
 
 def saveable_environment(environment) -> bool:
@@ -138,10 +148,19 @@ class LocalSource(Source):
     state = self.agent.learner.state
     return int(state.nonfinite_updates), int(state.first_nonfinite_step), ""
 
-  def start_eval(self, eval_index: int) -> bool:
+  def start_eval(self, eval_index: int, should_stop=None) -> bool:
     del eval_index  # The eval actor's own RNG stream goes on from evaluation to evaluation.
+    # A stopped evaluation is undone: the checkpoint saved next holds the eval
+    # actor and environment as they were, so resume repeats the evaluation exactly.
+    actor_state = self._eval_actor.get_state()
+    environment = pickle.dumps(self._eval_environment) if self._env_saveable else None
     returns = evaluate(self._eval_environment, self._eval_actor,
-                       self._experiment.eval_episodes)
+                       self._experiment.eval_episodes, should_stop)
+    if returns is None:
+      self._eval_actor.set_state(actor_state)
+      if environment is not None:
+        self._eval_environment = pickle.loads(environment)
+      return False
     self.evals.append((self.env_steps, self.learner_steps, returns))
     return True
 

@@ -10,7 +10,8 @@ any source the same way:
 
 The cadences count env steps: a train.csv row every `log_every`, an
 evaluation every `eval_every`, a checkpoint every `checkpoint_every`.
-SIGTERM or Ctrl-C saves at the next boundary and stops (`RunInterrupted`);
+SIGTERM or Ctrl-C saves at the next boundary and stops (`RunInterrupted`),
+also from within an evaluation, which is dropped (`Source.start_eval`);
 a non-finite update stops the run (`NonFiniteError`) unless
 `skip_nonfinite_updates`.
 """
@@ -68,16 +69,23 @@ class Source(abc.ABC):
     """(non-finite updates so far, the first one's learner step or -1, "" or "seed S, ")."""
 
   @abc.abstractmethod
-  def start_eval(self, eval_index: int) -> bool:
-    """Starts evaluation number `eval_index` (False: one is still running)."""
+  def start_eval(self, eval_index: int, should_stop=None) -> bool:
+    """Starts evaluation number `eval_index` (False: one is still running, or none ran).
 
-  def finished_evals(self, wait: bool = False) -> List[EvalResult]:
+    An evaluation that runs here may end early when `should_stop()` turns
+    True (SIGTERM): it is then dropped and undone, so the checkpoint saved
+    next is the state before it, and False is returned.
+    """
+
+  def finished_evals(self, wait: bool = False, should_stop=None) -> List[EvalResult]:
     """Evaluations done since the last call (with `wait`, the running one too).
 
-    By default those `start_eval` appended to `self.evals`, a list the
-    source makes (for evaluations that finish before `start_eval` returns).
+    A `wait` ends early, without the running one, when `should_stop()`
+    turns True. By default the evaluations are those `start_eval` appended
+    to `self.evals`, a list the source makes (for evaluations that finish
+    before `start_eval` returns).
     """
-    del wait
+    del wait, should_stop
     done, self.evals = self.evals, []
     return done
 
@@ -175,8 +183,8 @@ def _drive(experiment, config, source: Source, start: float, run_checkpoints, ca
   def evaluate(wait: bool) -> bool:
     nonlocal eval_s
     eval_start = time.perf_counter()
-    started = source.start_eval(len(eval_rows))
-    log_evals(source.finished_evals(wait))
+    started = source.start_eval(len(eval_rows), preemption.requested)
+    log_evals(source.finished_evals(wait, preemption.requested))
     eval_s += time.perf_counter() - eval_start
     return started
 
@@ -243,10 +251,13 @@ def _drive(experiment, config, source: Source, start: float, run_checkpoints, ca
           raise checkpoints.RunInterrupted(preemption.signum, saved_at, path)
         run_checkpoints.maybe_kill(env_steps)
       source.finish()
-      log_evals(source.finished_evals(wait=True))
+      log_evals(source.finished_evals(True, preemption.requested))
       check_finite()
       if not final_eval_done():
         evaluate(wait=True)
+      if preemption.requested() and not final_eval_done():  # Stopped: resume evaluates.
+        saved_at, path = save()
+        raise checkpoints.RunInterrupted(preemption.signum, saved_at, path)
     except callbacks_lib.CallbackError as error:
       saved_at, path = save()  # The run so far is kept: resume continues it.
       kept = (f"checkpoint saved to {path} (continue with `resume`)" if path else

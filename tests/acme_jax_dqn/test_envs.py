@@ -70,6 +70,11 @@ def test_environment_loop_counts_steps_and_episodes():
   assert [e["episode_length"] for e in finished] == [4, 4]
   assert loop.counter.get_counts()["steps"] == 4 + 8 + 10
 
+  steps = iter(range(100))  # Stops after the second step: nothing is counted.
+  assert loop.run_episode(should_stop=lambda: next(steps) >= 1) is None
+  assert loop.counter.get_counts() == {"episodes": 5, "steps": 22}
+  assert loop.run_episode(should_stop=lambda: False)["episode_length"] == 4
+
   batched = EnvironmentLoop(envs.BatchedEnvironment(lambda i: FakeEnvironment(3), 2),
                             type("A", (Actor,), {"select_action": lambda s, o: np.zeros(2, int)})())
   finished = batched.run_steps(8)  # 4 batched steps: both copies end at step 3.

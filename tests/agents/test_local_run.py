@@ -2,16 +2,19 @@
 the compilation cache reaches processes the run starts; a replay too large is refused first."""
 
 import csv
+import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
 
 from acme_jax_dqn import xla_setup
-from agents.dqn import ConfigError, DQNConfig
+from agents.dqn import ConfigError, DQNConfig, checkpoints
 from agents.dqn.experiment import ExperimentConfig, run_experiment
+from agents.dqn.local_run import LocalSource
 from tests.fakes import ROOT
 
 
@@ -112,3 +115,61 @@ def test_the_cache_variables_are_the_settings_jax_reads_in_a_fresh_process(tmp_p
                           env={**os.environ, **xla_setup.compilation_cache_env(path)})
   assert json.loads(result.stdout.strip().splitlines()[-1]) == [path, 0.2, 0]
   assert os.path.isdir(path) and xla_setup.compilation_cache_env("") == {}
+
+
+def _eval_state(source):
+  """What an evaluation moves on: the eval actor's RNGs and steps, the eval CartPole's state."""
+  state = source._eval_actor.get_state()  # pylint: disable=protected-access
+  env = source._eval_environment.gym_env  # pylint: disable=protected-access
+  return (repr(state["rng"]), state["py_rng"], state["num_steps"],
+          repr(env.unwrapped.state), repr(env.unwrapped.np_random.bit_generator.state),
+          env._elapsed_steps)  # pylint: disable=protected-access
+
+
+def test_an_evaluation_stopped_by_a_signal_is_undone_and_then_repeats_exactly(tmp_path):
+  experiment = ExperimentConfig(total_steps=1000, logdir=str(tmp_path), eval_episodes=5,
+                                quiet=True)
+  config = DQNConfig(hidden_sizes=(16,), eval_epsilon=0.2)
+  stopped, fresh = LocalSource(experiment, config), LocalSource(experiment, config)
+  before = _eval_state(stopped)
+  steps = itertools.count()  # CartPole episodes last 8 steps or more: this is in the second.
+  assert not stopped.start_eval(0, should_stop=lambda: next(steps) >= 12)
+  assert stopped.finished_evals() == [] and _eval_state(stopped) == before
+  assert stopped.start_eval(0) and fresh.start_eval(0)
+  assert stopped.finished_evals() == fresh.finished_evals()
+  assert _eval_state(stopped) == _eval_state(fresh) != before
+
+
+def test_sigterm_in_the_final_evaluation_saves_and_the_resume_evaluates_as_uninterrupted(
+    tmp_path, monkeypatch):
+  config = DQNConfig(hidden_sizes=(16,), batch_size=16, min_replay_size=200,
+                     replay_capacity=1000, samples_per_insert=4.0, eval_epsilon=0.2)
+
+  def experiment(name, **kwargs):
+    return ExperimentConfig(total_steps=600, logdir=str(tmp_path / name), log_every=300,
+                            eval_every=250, eval_episodes=3, quiet=True, **kwargs)
+
+  full = run_experiment(experiment("full"), config)
+  start_eval = LocalSource.start_eval
+
+  def signalled(self, eval_index, should_stop=None):
+    if self.done:  # The final evaluation: a scheduler's SIGTERM arrives.
+      signal.raise_signal(signal.SIGTERM)
+    return start_eval(self, eval_index, should_stop)
+
+  monkeypatch.setattr(LocalSource, "start_eval", signalled)
+  with pytest.raises(checkpoints.RunInterrupted) as stopped:
+    run_experiment(experiment("stopped"), config)
+  assert stopped.value.env_steps == 600 and stopped.value.checkpoint
+  assert not (tmp_path / "stopped" / "summary.json").exists()
+  monkeypatch.setattr(LocalSource, "start_eval", start_eval)
+  resumed = run_experiment(experiment("stopped", resume=True), config)
+  assert resumed["resumed_from_step"] == 600 and resumed["resume_exact"]
+  for key in ("params_checksum", "eval_return_mean", "eval_return_std"):
+    assert resumed[key] == full[key], key
+  assert _column(tmp_path / "full" / "eval.csv") == _column(tmp_path / "stopped" / "eval.csv")
+
+
+def _column(path):
+  with open(path, newline="") as f:
+    return [(row["env_steps"], row["eval_return_mean"]) for row in csv.DictReader(f)]

@@ -19,7 +19,8 @@ class CountingSource(run_loop.Source):
   """Each advance adds `step` env steps and half as many learner steps.
 
   An evaluation returns the env steps it started at (two episodes), at
-  once or, with `async_evals`, at the next advance. `signal_at` sends this
+  once or, with `async_evals`, at the next advance (a wait for it ends
+  on a signal). `signal_at` sends this
   process SIGTERM in the advance that reaches it; `nonfinite_at` reports a
   non-finite update from there on.
   """
@@ -60,7 +61,7 @@ class CountingSource(run_loop.Source):
       return 1, self.nonfinite_at // 2, ""
     return 0, -1, ""
 
-  def start_eval(self, eval_index):
+  def start_eval(self, eval_index, should_stop=None):
     if self.pending is not None:
       return False
     result = (self.env_steps, self.learner_steps, [float(self.env_steps)] * 2)
@@ -70,8 +71,8 @@ class CountingSource(run_loop.Source):
       self.evals.append(result)
     return True
 
-  def finished_evals(self, wait=False):
-    if wait and self.pending is not None:
+  def finished_evals(self, wait=False, should_stop=None):
+    if wait and self.pending is not None and not (should_stop and should_stop()):
       self.evals.append(self.pending)
       self.pending = None
     return super().finished_evals(wait)
@@ -157,3 +158,17 @@ def test_a_resumed_run_continues_its_rows_and_evaluations(tmp_path):
   assert summary["resumed_from_step"] == 400 and summary["env_steps_this_start"] == 400
   assert _column(logdir / "train.csv", "env_steps") == [100, 200, 300, 400, 500, 600, 700, 800]
   assert _column(logdir / "eval.csv", "env_steps") == [200, 400, 600, 800]
+
+
+def test_sigterm_while_the_end_waits_for_an_evaluation_saves_and_the_resume_evaluates(
+    tmp_path):
+  experiment = _experiment(tmp_path, total_steps=400, log_every=100, eval_every=200)
+  with pytest.raises(checkpoints.RunInterrupted) as stopped:  # Not waiting for the evaluator.
+    _run(experiment, CountingSource(total=400, step=100, async_evals=True, signal_at=400))
+  assert stopped.value.env_steps == 400
+  assert os.listdir(tmp_path / "run" / "checkpoints") == ["400"]
+  assert not (tmp_path / "run" / "summary.json").exists()
+  summary = _run(_experiment(tmp_path, total_steps=400, log_every=100, eval_every=200,
+                             resume=True), CountingSource(total=400, step=100))
+  assert summary["resumed_from_step"] == 400 and summary["eval_return_mean"] == 400
+  assert _column(tmp_path / "run" / "eval.csv", "env_steps") == [200, 400]
