@@ -1,11 +1,39 @@
 """`num_envs` copies of a dm_env environment stepped together, resetting the dm_env way."""
 
-from typing import Callable, List
+import tracemalloc
+from typing import Callable, List, Optional
 
 import dm_env
 import numpy as np
 
+from acme_jax_dqn import xla_setup
+
 _FIRST = np.int8(dm_env.StepType.FIRST)
+
+
+def _made_and_measured(make_env: Callable[[int], dm_env.Environment], index: int):
+  """(copy `index`, the bytes Python allocated for it, which tracemalloc counts)."""
+  tracing = tracemalloc.is_tracing()
+  if not tracing:
+    tracemalloc.start()
+  try:
+    before = tracemalloc.get_traced_memory()[0]
+    env = make_env(index)
+    return env, max(0, tracemalloc.get_traced_memory()[0] - before)
+  finally:
+    if not tracing:
+      tracemalloc.stop()
+
+
+def check_copies_fit(num_envs: int, copy_bytes: int, limit: Optional[int] = None) -> None:
+  """Refuses `num_envs` copies of `copy_bytes` each that the host's memory cannot hold."""
+  limit = xla_setup.host_memory_bytes() if limit is None else limit
+  if limit and num_envs * copy_bytes > 0.9 * limit:
+    raise ValueError(
+        f"`num_envs`={num_envs}: the environment copies need "
+        f"{num_envs * copy_bytes / 2**30:.1f} GiB (about {copy_bytes:,} bytes each) and the "
+        f"host holds {limit / 2**30:.1f} GiB. Use `num_envs` <= "
+        f"{int(0.9 * limit) // copy_bytes}.")
 
 
 class BatchedEnvironment(dm_env.Environment):
@@ -15,13 +43,28 @@ class BatchedEnvironment(dm_env.Environment):
   action given for it is ignored), as Acme's loops and our adder expect.
   Specs describe one copy. Measured on CartPole here, stepping copies in
   Python is faster than gymnasium's numpy-vectorised CartPole for 8 copies.
+  More copies than the host's memory holds are refused after the third is
+  made: `copy_bytes` is what Python allocated for one (C++ state, such as
+  an emulator's, is not seen).
   """
 
   def __init__(self, make_env: Callable[[int], dm_env.Environment], num_envs: int):
     if num_envs < 1:
       raise ValueError(f"num_envs must be at least 1, got {num_envs}.")
     self.num_envs = num_envs
-    self._envs: List[dm_env.Environment] = [make_env(i) for i in range(num_envs)]
+    self._envs: List[dm_env.Environment] = [make_env(0)]
+    sizes = []  # Copies 1 and 2 (the first also pays for one-time imports and caches);
+    for i in range(1, min(3, num_envs)):  # the smaller, in case another thread allocated.
+      env, size = _made_and_measured(make_env, i)
+      self._envs.append(env)
+      sizes.append(size)
+    self.copy_bytes = min(sizes, default=0)
+    try:
+      check_copies_fit(num_envs, self.copy_bytes)
+    except ValueError:
+      self.close()
+      raise
+    self._envs.extend(make_env(i) for i in range(3, num_envs))
     self._last = [False] * num_envs
 
   def _stack(self, timesteps) -> dm_env.TimeStep:

@@ -168,10 +168,11 @@ class DistributedSource(Source):
     num_actors, insert_batch = experiment.num_actors, experiment.actor_insert_batch
     builder = DQNBuilder(config)
     builder.make_rate_limiter(num_actors, insert_batch)  # Checks the replay's room.
-    try:
-      probe = envs.make_environment(experiment.env, seed=experiment.seed)
+    try:  # A probe: the spec, and an env copy's size (each actor makes `num_envs` copies).
+      probe = envs.make_environment(experiment.env, experiment.seed, min(3, config.num_envs))
+      envs.batched.check_copies_fit(config.num_envs, getattr(probe, "copy_bytes", 0))
       self.spec = spec = specs.make_environment_spec(probe)
-      probe.close()  # Only its spec was needed (an envpool probe holds C++ threads).
+      probe.close()  # An envpool probe holds C++ threads.
       builder.make_networks(spec, experiment.env)  # Bad env/network: error here.
     except ValueError as error:
       raise ConfigError(str(error)) from error
@@ -231,8 +232,7 @@ class DistributedSource(Source):
   def restore(self, run_checkpoints):
     host = self._program.restore(run_checkpoints)
     self._returns = list(host["returns"])
-    self._restarts = [host["actor_restarts"][i] if i < len(host["actor_restarts"]) else 0
-                      for i in range(len(self._actors))]
+    self._restarts = (list(host["actor_restarts"]) + [0] * len(self._actors))[:len(self._actors)]
     self._program.learner_restarts = host["learner_restarts"]
     self._learner_result["learner_steps"] = self._program.learner_snapshot["learner_steps"]
     self.env_steps = host["env_steps"]

@@ -5,7 +5,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from acme_jax_dqn import envs, specs
+from acme_jax_dqn import envs, specs, xla_setup
+from acme_jax_dqn.envs import batched
 from acme_jax_dqn.envs.gymnasium_adapter import GymnasiumEnvironment
 from acme_jax_dqn.environment_loop import EnvironmentLoop
 from tests.fakes import FakeEnvironment
@@ -79,3 +80,25 @@ def test_environment_loop_counts_steps_and_episodes():
                             type("A", (Actor,), {"select_action": lambda s, o: np.zeros(2, int)})())
   finished = batched.run_steps(8)  # 4 batched steps: both copies end at step 3.
   assert [e["episode_return"] for e in finished] == [3.0, 3.0]
+
+
+def test_copies_beyond_the_host_memory_are_refused_naming_a_count_that_fits(monkeypatch):
+  with pytest.raises(ValueError, match=r"`num_envs`=10: .* Use `num_envs` <= 9\.$"):
+    batched.check_copies_fit(10, 100, limit=1000)  # 0.9 of 1000 bytes: 9 copies of 100.
+  batched.check_copies_fit(9, 100, limit=1000)  # Fits.
+  made, closed = [], []
+
+  class Copy(FakeEnvironment):
+    def close(self):
+      closed.append(self)
+
+  def make(index):
+    made.append(index)
+    return Copy(episode_length=3)
+
+  monkeypatch.setattr(xla_setup, "host_memory_bytes", lambda: 1)
+  with pytest.raises(ValueError, match="`num_envs`=1000000"):
+    envs.BatchedEnvironment(make, 1_000_000)
+  assert made == [0, 1, 2] and len(closed) == 3  # Refused after the third copy, all closed.
+  monkeypatch.setattr(xla_setup, "host_memory_bytes", lambda: 2**30)
+  assert envs.BatchedEnvironment(make, 3).copy_bytes > 0

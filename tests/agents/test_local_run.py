@@ -34,6 +34,22 @@ def test_a_replay_the_host_cannot_hold_is_refused_before_the_run_starts(
     assert not sys.modules["ray"].is_initialized()
 
 
+@pytest.mark.parametrize("run_mode", ["local", "distributed"])
+def test_more_env_copies_than_the_host_holds_are_refused_before_the_run_starts(
+    tmp_path, monkeypatch, run_mode):
+  """Distributed: by the driver, before Ray starts (each actor would make `num_envs`)."""
+  monkeypatch.setattr(xla_setup, "host_memory_bytes", lambda: 2**17)  # A CartPole copy: ~4 KB.
+  experiment = ExperimentConfig(env="gymnasium:CartPole-v1", run_mode=run_mode,
+                                total_steps=1000, logdir=str(tmp_path / "run"), quiet=True)
+  with pytest.raises(ConfigError, match=r"`num_envs`=100: the environment copies need .* "
+                     r"bytes each\) and the host holds 0.0 GiB\. Use `num_envs` <= \d+\."):
+    run_experiment(experiment, DQNConfig(num_envs=100, replay_capacity=1000,
+                                         min_replay_size=100))
+  assert not (tmp_path / "run" / "train.csv").exists()
+  if "ray" in sys.modules:
+    assert not sys.modules["ray"].is_initialized()
+
+
 def test_batched_run_counts_real_steps_and_logs_on_cadence(tmp_path):
   config = DQNConfig(hidden_sizes=(16,), batch_size=16, min_replay_size=100,
                      replay_capacity=1000, samples_per_insert=4.0, num_envs=3,
