@@ -278,11 +278,14 @@ class AnakinSource(Source):
           lower_chunk(w), f"chunk_{len(self._chunk_programs) + 1}_compiled"))
     phase("all_lowered")
     compiles.shutdown(wait=False)
+    check = lambda program, what: seed_layout.check_program_memory(
+        program.result(), mesh, num_seeds, config, what)  # result() raises a compile's error.
+    check(init_program, "initialisation")
     self._state = init_program.result()(train_keys)
     waits = ([self._evaluate, *self._chunk_programs.values()] if jax.default_backend() == "cpu"
              else [self._chunk_programs[first]])
     for program in waits:
-      program.result()  # Raises what a compile raised.
+      check(program, "evaluation" if program is self._evaluate else "training chunk")
     jax.block_until_ready(self._state)
     phase("ready")  # The init has run and what the first advance needs is compiled.
     self._chunks, self._first_step = 0, 0

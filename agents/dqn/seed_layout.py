@@ -4,7 +4,8 @@ A run's seeds are split over the local devices (`seed_mesh`); each device
 runs its block of seeds (`per_device`), vmapped, or unbatched when it holds
 one (`over_seeds`). Before compiling, seeds that could not be independent
 runs (`check_independent_seeds`) or whose state cannot fit in memory
-(`check_memory`) are refused.
+(`check_memory`) are refused; after compiling and before running, so are
+seeds whose programs' working memory cannot fit (`check_program_memory`).
 """
 
 from typing import Optional
@@ -85,7 +86,7 @@ def check_independent_seeds(experiment: ExperimentConfig, seed_devices: int) -> 
 
 
 def check_memory(state_shape, mesh: jax.sharding.Mesh, num_seeds: int, config: DQNConfig,
-                  eval_shape=None) -> None:
+                 eval_shape=None) -> None:
   """Refuses, before compiling, seeds whose training state cannot fit on the devices.
 
   The state (replay, parameters, optimizer, environments) of every seed
@@ -99,31 +100,60 @@ def check_memory(state_shape, mesh: jax.sharding.Mesh, num_seeds: int, config: D
   if not limit:
     return
   replay = f"replay (`replay_capacity`={config.replay_capacity})"
-  buffer = getattr(state_shape, "buffer", None)  # PQN's rollouts live inside its program.
+  buffer = getattr(state_shape, "buffer", None)  # PQN's rollout is working memory (below).
   parts = {replay: xla_setup.nbytes(buffer) / num_seeds} if buffer is not None else {}
   parts["learner"] = xla_setup.nbytes(state_shape.learner) / num_seeds
   parts["environments"] = xla_setup.nbytes(state_shape) / num_seeds - sum(parts.values())
   parts["evaluation"] = 2 * xla_setup.nbytes(eval_shape)
-  per_seed = sum(parts.values())
-  # CPU devices share the host's memory; other devices each hold their block.
+  fixes = {replay: "a smaller `replay_capacity`",
+           "learner": "a smaller network (`hidden_sizes`, `torso`)",
+           "environments": "fewer `num_envs`", "evaluation": "fewer `eval_episodes`"}
+  shares = ", ".join(f"{name} {size / 2**20:,.1f}" for name, size in parts.items())
+  _refuse_seeds_over(mesh, num_seeds, limit, sum(parts.values()), "the training state",
+                     f"per seed: {shares} MiB", fixes[max(parts, key=parts.get)])
+
+
+def check_program_memory(compiled, mesh: jax.sharding.Mesh, num_seeds: int,
+                         config: DQNConfig, what: str) -> None:
+  """Refuses, after compiling `what` and before it runs, seeds its memory cannot hold.
+
+  Besides the state, a program needs working memory that only its
+  compiled form knows (XLA's temporaries): PQN's rollout and the network's
+  activations over it take a few times the rollout, a DQN chunk's its
+  sampled batches. `memory_analysis` gives a device's share.
+  """
+  limit = xla_setup.device_memory_bytes(mesh.devices.flat[0])
+  stats = compiled.memory_analysis()
+  if not limit or stats is None:
+    return
+  # Per seed: a device's share (all devices', where they share the host) over its seeds.
+  per_seed = lambda n: n * mesh.size / num_seeds
+  temp = per_seed(stats.temp_size_in_bytes)
+  fix = ("a shorter `pqn_rollout_len` or fewer `num_envs`" if config.pqn
+         else "a smaller `batch_size`")
+  _refuse_seeds_over(mesh, num_seeds, limit, per_seed(
+      stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
+      + stats.temp_size_in_bytes), f"the compiled {what}",
+                     f"per seed, {temp / 2**20:,.1f} MiB of it working memory", fix)
+
+
+def _refuse_seeds_over(mesh: jax.sharding.Mesh, num_seeds: int, limit: int, per_seed: float,
+                       what: str, detail: str, fix: str) -> None:
+  """The error of the memory checks when `num_seeds` x `per_seed` bytes are over 0.9 `limit`.
+
+  CPU devices share the host's memory; other devices each hold their block.
+  """
   shared = mesh.devices.flat[0].platform == "cpu"
   seeds_per_limit = num_seeds if shared else num_seeds // mesh.size
   if per_seed * seeds_per_limit <= 0.9 * limit:
     return
-  fixes = {replay: "a smaller `replay_capacity`",
-           "learner": "a smaller network (`hidden_sizes`, `torso`)",
-           "environments": "fewer `num_envs`", "evaluation": "fewer `eval_episodes`"}
-  fix = fixes[max(parts, key=parts.get)]
   fits = int(0.9 * limit // per_seed) * (1 if shared else mesh.size)
   gib = lambda n: f"{n / 2**30:.1f} GiB"
-  where = "of host memory" if shared else "per device"
-  holder = "the host" if shared else "a device"
-  shares = ", ".join(f"{name} {size / 2**20:,.1f}" for name, size in parts.items())
+  where, holder = ("of host memory", "the host") if shared else ("per device", "a device")
   use = f"Use `num_seeds` <= {fits}, or {fix}." if fits else f"Not one seed fits: use {fix}."
   raise ConfigError(
-      f"`num_seeds`={num_seeds}: the training state needs {gib(per_seed * seeds_per_limit)} "
-      f"{where} ({per_seed / 2**20:,.1f} MiB per seed: {shares} MiB) and {holder} holds "
-      f"{gib(limit)}. {use}")
+      f"`num_seeds`={num_seeds}: {what} needs {gib(per_seed * seeds_per_limit)} {where} "
+      f"({per_seed / 2**20:,.1f} MiB {detail}) and {holder} holds {gib(limit)}. {use}")
 
 
 def per_device(fn, mesh, in_specs, out_specs=P("seeds")):

@@ -733,6 +733,23 @@ def test_seeds_that_cannot_fit_are_told_the_fix_for_the_largest_part(
   assert not (tmp_path / "run" / "train.csv").exists()
 
 
+def test_a_program_whose_working_memory_cannot_fit_is_refused_before_it_runs(tmp_path,
+                                                                             monkeypatch):
+  """PQN's state is small; its rollout and the activations over it are the program's temporaries."""
+  monkeypatch.setattr(xla_setup, "device_memory_bytes", lambda device: 4 * 2**20)
+  experiment = ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin", num_seeds=2,
+                                total_steps=8192, eval_episodes=2, logdir=str(tmp_path / "run"),
+                                quiet=True, loggers=("csv",))
+  config = _tiny_config(pqn=True, num_envs=64, pqn_rollout_len=64, pqn_minibatches=2,
+                        hidden_sizes=(128, 128))
+  with pytest.raises(ConfigError, match=r"`num_seeds`=2: the compiled training chunk needs "
+                     r"[\d.]+ GiB of host memory \([\d,.]+ MiB per seed, [\d,.]+ MiB of it "
+                     r"working memory\) .* Not one seed fits: use a shorter `pqn_rollout_len` "
+                     r"or fewer `num_envs`\.$"):
+    run_experiment(experiment, config)
+  assert not (tmp_path / "run" / "train.csv").exists()
+
+
 def test_too_many_seeds_are_refused_before_any_per_seed_work(tmp_path, monkeypatch):
   """Ten million seeds: the memory check needs only the keys' shape, so no key is made first."""
   def no_keys(seeds):
