@@ -25,15 +25,22 @@ def _made_and_measured(make_env: Callable[[int], dm_env.Environment], index: int
       tracemalloc.stop()
 
 
-def check_copies_fit(num_envs: int, copy_bytes: int, limit: Optional[int] = None) -> None:
-  """Refuses `num_envs` copies of `copy_bytes` each that the host's memory cannot hold."""
+def check_copies_fit(num_envs: int, copy_bytes: int, limit: Optional[int] = None,
+                     makers: int = 1) -> None:
+  """Refuses `num_envs` copies of `copy_bytes` each that the host's memory cannot hold.
+
+  `makers`: how many makers of `num_envs` copies share the host (the
+  actors of a distributed run on one machine).
+  """
   limit = xla_setup.host_memory_bytes() if limit is None else limit
-  if limit and num_envs * copy_bytes > 0.9 * limit:
+  copies = num_envs * makers
+  if limit and copies * copy_bytes > 0.9 * limit:
+    each = f" for each of {makers} actors" if makers > 1 else ""
     raise ValueError(
-        f"`num_envs`={num_envs}: the environment copies need "
-        f"{num_envs * copy_bytes / 2**30:.1f} GiB (about {copy_bytes:,} bytes each) and the "
+        f"`num_envs`={num_envs}{each}: the {copies:,} environment copies need "
+        f"{copies * copy_bytes / 2**30:.1f} GiB (about {copy_bytes:,} bytes each) and the "
         f"host holds {limit / 2**30:.1f} GiB. Use `num_envs` <= "
-        f"{int(0.9 * limit) // copy_bytes}.")
+        f"{int(0.9 * limit) // copy_bytes // makers}.")
 
 
 class BatchedEnvironment(dm_env.Environment):
@@ -53,8 +60,10 @@ class BatchedEnvironment(dm_env.Environment):
       raise ValueError(f"num_envs must be at least 1, got {num_envs}.")
     self.num_envs = num_envs
     self._envs: List[dm_env.Environment] = [make_env(0)]
-    sizes = []  # Copies 1 and 2 (the first also pays for one-time imports and caches);
-    for i in range(1, min(3, num_envs)):  # the smaller, in case another thread allocated.
+    # Copies 1 and 2 are measured (the first also pays for one-time imports and caches),
+    # and the smaller counts, in case another thread allocated meanwhile.
+    sizes = []
+    for i in range(1, min(3, num_envs)):
       env, size = _made_and_measured(make_env, i)
       self._envs.append(env)
       sizes.append(size)

@@ -21,7 +21,7 @@ import concurrent.futures
 import functools
 import math
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import jax
 import numpy as np
@@ -278,14 +278,12 @@ class AnakinSource(Source):
           lower_chunk(w), f"chunk_{len(self._chunk_programs) + 1}_compiled"))
     phase("all_lowered")
     compiles.shutdown(wait=False)
-    check = lambda program, what: seed_layout.check_program_memory(
-        program.result(), mesh, num_seeds, config, what)  # result() raises a compile's error.
-    check(init_program, "initialisation")
-    self._state = init_program.result()(train_keys)
+    self._checked: set = set()
+    self._state = self._ready(init_program, "initialisation")(train_keys)
     waits = ([self._evaluate, *self._chunk_programs.values()] if jax.default_backend() == "cpu"
              else [self._chunk_programs[first]])
     for program in waits:
-      check(program, "evaluation" if program is self._evaluate else "training chunk")
+      self._ready(program, "evaluation" if program is self._evaluate else "training chunk")
     jax.block_until_ready(self._state)
     phase("ready")  # The init has run and what the first advance needs is compiled.
     self._chunks, self._first_step = 0, 0
@@ -295,6 +293,14 @@ class AnakinSource(Source):
     # Chunk ends fall near, not on, multiples of `eval_every` (the n-step fill
     # and whole iterations shift them): evaluate at the chunk end nearest each.
     self.eval_slack = plan.iterations_per_chunk * plan.steps_per_iteration // 2
+
+  def _ready(self, compiling, what: str):
+    """The compiled program, its memory checked before its first run (raises a compile's error)."""
+    program = compiling.result()
+    if compiling not in self._checked:
+      seed_layout.check_program_memory(program, self._mesh, len(self.seeds), self._config, what)
+      self._checked.add(compiling)
+    return program
 
   @property
   def chunk_programs(self) -> int:
@@ -316,7 +322,7 @@ class AnakinSource(Source):
   def advance(self, target_steps: int, should_stop) -> None:
     del target_steps, should_stop  # One compiled chunk: its length is fixed.
     first_iteration = self._chunks * self._plan.iterations_per_chunk
-    program = self._chunk_programs[self._warmups[self._chunks]].result()
+    program = self._ready(self._chunk_programs[self._warmups[self._chunks]], "training chunk")
     self._state, metrics = program(self._state, np.int32(first_iteration))
     self._chunks += 1
     self._metrics = metrics = jax.device_get(metrics)  # One transfer per chunk, [num_seeds] each.
@@ -326,7 +332,6 @@ class AnakinSource(Source):
 
   def train_fields(self) -> Dict[str, Any]:
     return self._last_row
-
 
   def nonfinite(self):
     if not self._metrics:
@@ -338,10 +343,10 @@ class AnakinSource(Source):
     step, seed = min(bad)
     return int(np.sum(self._metrics["nonfinite_updates"])), step, f"seed {seed}, "
 
-  def start_eval(self, eval_index: int, should_stop=None) -> bool:
+  def start_eval(self, eval_index: int, should_stop: Optional[Callable[[], bool]] = None) -> bool:
     del should_stop  # One compiled program; it also leaves the state unchanged.
-    returns = self._evaluate.result()(self._state.learner.online_params, self._eval_keys,
-                                      np.int32(eval_index))
+    evaluate = self._ready(self._evaluate, "evaluation")
+    returns = evaluate(self._state.learner.online_params, self._eval_keys, np.int32(eval_index))
     self.evals.append((self.env_steps, self.learner_steps, np.asarray(returns, np.float64)))
     return True
 

@@ -19,7 +19,7 @@ continues from the driver's newest learner snapshot.
 
 import os
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import jax
 
@@ -168,18 +168,19 @@ class DistributedSource(Source):
     num_actors, insert_batch = experiment.num_actors, experiment.actor_insert_batch
     builder = DQNBuilder(config)
     builder.make_rate_limiter(num_actors, insert_batch)  # Checks the replay's room.
+    address = experiment.ray_address or os.environ.get("RAY_ADDRESS", "")
     try:  # A probe: the spec, and an env copy's size (each actor makes `num_envs` copies).
       probe = envs.make_environment(experiment.env, experiment.seed, min(3, config.num_envs))
-      envs.batched.check_copies_fit(config.num_envs, getattr(probe, "copy_bytes", 0))
       self.spec = spec = specs.make_environment_spec(probe)
       probe.close()  # An envpool probe holds C++ threads.
+      envs.batched.check_copies_fit(config.num_envs, getattr(probe, "copy_bytes", 0),
+                                    makers=1 if address else num_actors)  # A local Ray: all.
       builder.make_networks(spec, experiment.env)  # Bad env/network: error here.
     except ValueError as error:
       raise ConfigError(str(error)) from error
     # Before any node starts (the replay node, with no GPU, checks its own host's memory too).
     builder.check_replay_fits(builder.make_replay(), builder.example_transition(spec),
                               on_host=True)
-    address = experiment.ray_address or os.environ.get("RAY_ADDRESS", "")
     self._ray, self._started = ray_cluster.start_ray(address,
                                                        experiment.compilation_cache_dir)
     self._node_handles: List[Any] = []
@@ -222,8 +223,7 @@ class DistributedSource(Source):
         "ray_address": ray.get_runtime_context().gcs_address})
     self._learner_result: Dict[str, Any] = {"learner_steps": 0, "metrics": {}}
     self._pending: Dict[Any, int] = {}
-    self._learner_ref = None
-    self._eval_ref, self._eval_at = None, None
+    self._learner_ref = self._eval_ref = self._eval_at = None
     self._evals: List[Any] = []
     self._stats: Dict[str, Any] = {}
     self._train_s = self._train_start = None
@@ -319,7 +319,7 @@ class DistributedSource(Source):
     self._evals.append((*self._eval_at, values))
     self._eval_ref = None
 
-  def start_eval(self, eval_index: int, should_stop=None) -> bool:
+  def start_eval(self, eval_index: int, should_stop: Optional[Callable[[], bool]] = None) -> bool:
     del eval_index, should_stop  # The evaluator's own RNG stream goes on.
     if self._eval_ref is not None:
       return False
@@ -327,7 +327,7 @@ class DistributedSource(Source):
     self._eval_at = (self.env_steps, self.learner_steps)  # The parameters it evaluates.
     return True
 
-  def finished_evals(self, wait: bool = False, should_stop=None):
+  def finished_evals(self, wait: bool = False, should_stop: Optional[Callable[[], bool]] = None):
     while wait and self._eval_ref is not None and not (should_stop and should_stop()):
       if self._ray.wait([self._eval_ref], timeout=1.0)[0]:
         self._collect_eval()

@@ -148,7 +148,7 @@ class LocalSource(Source):
     state = self.agent.learner.state
     return int(state.nonfinite_updates), int(state.first_nonfinite_step), ""
 
-  def start_eval(self, eval_index: int, should_stop=None) -> bool:
+  def start_eval(self, eval_index: int, should_stop: Optional[Callable[[], bool]] = None) -> bool:
     del eval_index  # The eval actor's own RNG stream goes on from evaluation to evaluation.
     # A stopped evaluation is undone: the checkpoint saved next holds the eval
     # actor and environment as they were, so resume repeats the evaluation exactly.

@@ -19,7 +19,7 @@ a non-finite update stops the run (`NonFiniteError`) unless
 import abc
 import dataclasses
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from acme_jax_dqn import callbacks as callbacks_lib
 from acme_jax_dqn import loggers
@@ -69,7 +69,8 @@ class Source(abc.ABC):
     """(non-finite updates so far, the first one's learner step or -1, "" or "seed S, ")."""
 
   @abc.abstractmethod
-  def start_eval(self, eval_index: int, should_stop=None) -> bool:
+  def start_eval(self, eval_index: int,
+                 should_stop: Optional[Callable[[], bool]] = None) -> bool:
     """Starts evaluation number `eval_index` (False: one is still running, or none ran).
 
     An evaluation that runs here may end early when `should_stop()` turns
@@ -77,7 +78,8 @@ class Source(abc.ABC):
     next is the state before it, and False is returned.
     """
 
-  def finished_evals(self, wait: bool = False, should_stop=None) -> List[EvalResult]:
+  def finished_evals(self, wait: bool = False,
+                     should_stop: Optional[Callable[[], bool]] = None) -> List[EvalResult]:
     """Evaluations done since the last call (with `wait`, the running one too).
 
     A `wait` ends early, without the running one, when `should_stop()`
@@ -160,15 +162,19 @@ def _drive(experiment, config, source: Source, start: float, run_checkpoints, ca
   """`run`'s loop; returns the summary."""
   eval_rows: List[Dict[str, Any]] = []
   resumed_from = None
+  eval_due = False
   if experiment.resume:
     host, resumed_from = source.restore(run_checkpoints)
     eval_rows = list(host["eval_rows"])
+    eval_due = bool(host.get("eval_due"))
   source.warmup()
   compile_s = time.perf_counter() - start
   first_step = source.env_steps
   every = experiment.eval_every
   next_log = checkpoints.next_multiple(first_step, experiment.log_every)
-  next_eval = checkpoints.next_multiple(first_step + source.eval_slack, every)
+  # A resumed run first makes up the evaluation a signal stopped before its checkpoint.
+  next_eval = first_step if eval_due else checkpoints.next_multiple(
+      first_step + source.eval_slack, every)
   next_save = checkpoints.next_multiple(first_step, run_checkpoints.every)
   eval_s = 0.0
 
@@ -195,7 +201,10 @@ def _drive(experiment, config, source: Source, start: float, run_checkpoints, ca
   def save() -> Tuple[int, Optional[str]]:
     env_steps, arrays, host, meta, params = source.checkpoint()
     check_finite()  # Never save a non-finite state over the last good checkpoint.
-    path = run_checkpoints.save(env_steps, arrays, {**host, "eval_rows": eval_rows},
+    due = (next_eval is not None and env_steps + source.eval_slack >= next_eval
+           and not final_eval_done())  # Not run (stopped by a signal, or one still running).
+    path = run_checkpoints.save(env_steps, arrays,
+                                {**host, "eval_rows": eval_rows, "eval_due": due},
                                 {"run_mode": experiment.run_mode,
                                  "learner_steps": source.learner_steps, **meta}, params=params)
     return env_steps, path
@@ -203,6 +212,17 @@ def _drive(experiment, config, source: Source, start: float, run_checkpoints, ca
   def final_eval_done() -> bool:  # The newest evaluation saw the final parameters.
     return bool(eval_rows) and (eval_rows[-1]["env_steps"], eval_rows[-1]["learner_steps"]) == (
         source.env_steps, source.learner_steps)
+
+  def evaluate_if_due() -> None:
+    nonlocal next_eval
+    if next_eval is not None and source.env_steps + source.eval_slack >= next_eval:
+      if evaluate(wait=False):
+        next_eval = checkpoints.next_multiple(source.env_steps + source.eval_slack, every)
+
+  def stop_if_signalled() -> None:
+    if preemption.requested():
+      saved_at, path = save()
+      raise checkpoints.RunInterrupted(preemption.signum, saved_at, path)
 
   # Signals are held from here to the final checkpoint: SIGTERM or Ctrl-C
   # saves and stops at the next boundary. The loggers close with this
@@ -221,6 +241,9 @@ def _drive(experiment, config, source: Source, start: float, run_checkpoints, ca
           from error.__cause__
     train_start = time.perf_counter()
     try:
+      if not source.done:
+        evaluate_if_due()
+        stop_if_signalled()
       while not source.done and not callbacks.stop_requested:
         source.advance(_first(next_log, next_eval, next_save, experiment.total_steps),
                        preemption.requested)
@@ -240,24 +263,19 @@ def _drive(experiment, config, source: Source, start: float, run_checkpoints, ca
         if source.done:
           run_checkpoints.maybe_kill(env_steps)  # Tests of a kill before the final save.
           break
-        if next_eval is not None and env_steps + source.eval_slack >= next_eval:
-          if evaluate(wait=False):
-            next_eval = checkpoints.next_multiple(env_steps + source.eval_slack, every)
+        evaluate_if_due()
         if run_checkpoints.due(env_steps, next_save):
           saved_at, _ = save()
           next_save = checkpoints.next_multiple(saved_at, run_checkpoints.every)
-        if preemption.requested():
-          saved_at, path = save()
-          raise checkpoints.RunInterrupted(preemption.signum, saved_at, path)
+        stop_if_signalled()
         run_checkpoints.maybe_kill(env_steps)
       source.finish()
       log_evals(source.finished_evals(True, preemption.requested))
       check_finite()
       if not final_eval_done():
         evaluate(wait=True)
-      if preemption.requested() and not final_eval_done():  # Stopped: resume evaluates.
-        saved_at, path = save()
-        raise checkpoints.RunInterrupted(preemption.signum, saved_at, path)
+      if not final_eval_done():  # A signal stopped it: the resume evaluates.
+        stop_if_signalled()
     except callbacks_lib.CallbackError as error:
       saved_at, path = save()  # The run so far is kept: resume continues it.
       kept = (f"checkpoint saved to {path} (continue with `resume`)" if path else

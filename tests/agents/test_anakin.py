@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import dm_env
 import jax
@@ -748,6 +749,53 @@ def test_a_program_whose_working_memory_cannot_fit_is_refused_before_it_runs(tmp
                      r"or fewer `num_envs`\.$"):
     run_experiment(experiment, config)
   assert not (tmp_path / "run" / "train.csv").exists()
+
+
+def test_program_memory_counts_a_devices_share_per_seed_and_names_the_seeds_that_fit(
+    monkeypatch):
+  """A device's share of 100 MiB (70 of it temporaries) for its two seeds, worked by hand."""
+  mib = 2**20
+  stats = types.SimpleNamespace(argument_size_in_bytes=30 * mib, output_size_in_bytes=30 * mib,
+                                alias_size_in_bytes=30 * mib, temp_size_in_bytes=70 * mib)
+  compiled = types.SimpleNamespace(memory_analysis=lambda: stats)
+  mesh = lambda platform: types.SimpleNamespace(
+      devices=np.array([types.SimpleNamespace(platform=platform)] * 2), size=2)
+  monkeypatch.setattr(xla_setup, "device_memory_bytes", lambda device: 150 * mib)
+  # Two CPU devices share the host: 200 MiB, 50 per seed; 0.9 x 150 MiB holds 2 seeds.
+  with pytest.raises(ConfigError, match=r"^`num_seeds`=4: the compiled training chunk needs "
+                     r"0\.2 GiB of host memory \(50\.0 MiB per seed, 35\.0 MiB of it working "
+                     r"memory\) and the host holds 0\.1 GiB\. Use `num_seeds` <= 2, or a "
+                     r"smaller `batch_size`\.$"):
+    seed_layout.check_program_memory(compiled, mesh("cpu"), 4, DQNConfig(), "training chunk")
+  # Two GPUs each hold their 2 seeds: 100 MiB fits in 0.9 x 150, not in 0.9 x 100.
+  seed_layout.check_program_memory(compiled, mesh("gpu"), 4, DQNConfig(), "training chunk")
+  monkeypatch.setattr(xla_setup, "device_memory_bytes", lambda device: 100 * mib)
+  with pytest.raises(ConfigError, match=r"needs 0\.1 GiB per device .* a device holds 0\.1 GiB\. "
+                     r"Use `num_seeds` <= 2, or fewer `eval_episodes`\.$"):
+    seed_layout.check_program_memory(compiled, mesh("gpu"), 4, DQNConfig(), "evaluation")
+
+
+def test_memory_analysis_gives_one_devices_share_of_a_program_over_devices():
+  """What check_program_memory assumes: per device, not the sum over devices (fresh process:
+  two CPU devices)."""
+  script = """
+import json
+import jax, jax.numpy as jnp, numpy as np
+jax.config.update("jax_num_cpu_devices", 2)
+from jax.sharding import PartitionSpec as P
+from agents.dqn import seed_layout
+def temp(n):  # One seed per device; each seed's outer product (4 MB) is a dot's operand.
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:n]), ("seeds",))
+  f = seed_layout.per_device(jax.vmap(lambda x: jnp.outer(x, x) @ x), mesh, P("seeds"))
+  compiled = jax.jit(f).lower(jax.ShapeDtypeStruct((n, 1000), jnp.float32)).compile()
+  return compiled.memory_analysis().temp_size_in_bytes
+print(json.dumps([temp(1), temp(2)]))
+"""
+  result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+  assert result.returncode == 0, result.stderr[-2000:]
+  one, two = json.loads(result.stdout.strip().splitlines()[-1])
+  assert one == two >= 4 * 10**6
 
 
 def test_too_many_seeds_are_refused_before_any_per_seed_work(tmp_path, monkeypatch):

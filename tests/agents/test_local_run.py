@@ -41,13 +41,25 @@ def test_more_env_copies_than_the_host_holds_are_refused_before_the_run_starts(
   monkeypatch.setattr(xla_setup, "host_memory_bytes", lambda: 2**17)  # A CartPole copy: ~4 KB.
   experiment = ExperimentConfig(env="gymnasium:CartPole-v1", run_mode=run_mode,
                                 total_steps=1000, logdir=str(tmp_path / "run"), quiet=True)
-  with pytest.raises(ConfigError, match=r"`num_envs`=100: the environment copies need .* "
-                     r"bytes each\) and the host holds 0.0 GiB\. Use `num_envs` <= \d+\."):
+  with pytest.raises(ConfigError, match=r"`num_envs`=100( for each of 2 actors)?: the [\d,]+ "
+                     r"environment copies need .* bytes each\) and the host holds 0.0 GiB\. "
+                     r"Use `num_envs` <= \d+\."):
     run_experiment(experiment, DQNConfig(num_envs=100, replay_capacity=1000,
                                          min_replay_size=100))
   assert not (tmp_path / "run" / "train.csv").exists()
   if "ray" in sys.modules:
     assert not sys.modules["ray"].is_initialized()
+
+
+def test_a_local_ray_counts_the_env_copies_of_every_actor(tmp_path, monkeypatch):
+  """4 copies of ~4 KB fit in 0.9 x 64 KiB; 4 actors' worth on one host do not."""
+  monkeypatch.setattr(xla_setup, "host_memory_bytes", lambda: 2**16)
+  experiment = ExperimentConfig(env="gymnasium:CartPole-v1", run_mode="distributed",
+                                num_actors=4, total_steps=1000, logdir=str(tmp_path / "run"),
+                                quiet=True)
+  with pytest.raises(ConfigError, match=r"^`num_envs`=4 for each of 4 actors: the 16 "
+                     r"environment copies need .* Use `num_envs` <= \d\.$"):
+    run_experiment(experiment, DQNConfig(num_envs=4, replay_capacity=500, min_replay_size=100))
 
 
 def test_batched_run_counts_real_steps_and_logs_on_cadence(tmp_path):
@@ -134,12 +146,11 @@ def test_the_cache_variables_are_the_settings_jax_reads_in_a_fresh_process(tmp_p
 
 
 def _eval_state(source):
-  """What an evaluation moves on: the eval actor's RNGs and steps, the eval CartPole's state."""
-  state = source._eval_actor.get_state()  # pylint: disable=protected-access
-  env = source._eval_environment.gym_env  # pylint: disable=protected-access
-  return (repr(state["rng"]), state["py_rng"], state["num_steps"],
-          repr(env.unwrapped.state), repr(env.unwrapped.np_random.bit_generator.state),
-          env._elapsed_steps)  # pylint: disable=protected-access
+  """What an evaluation moves on, as a checkpoint holds it: the eval actor, the eval CartPole."""
+  _, _, host, _, _ = source.checkpoint()
+  actor, env = host["eval_actor"], host["eval_environment"].gym_env.unwrapped
+  return (repr(actor["rng"]), actor["py_rng"], actor["num_steps"], repr(env.state),
+          repr(env.np_random.bit_generator.state))
 
 
 def test_an_evaluation_stopped_by_a_signal_is_undone_and_then_repeats_exactly(tmp_path):
@@ -148,7 +159,7 @@ def test_an_evaluation_stopped_by_a_signal_is_undone_and_then_repeats_exactly(tm
   config = DQNConfig(hidden_sizes=(16,), eval_epsilon=0.2)
   stopped, fresh = LocalSource(experiment, config), LocalSource(experiment, config)
   before = _eval_state(stopped)
-  steps = itertools.count()  # CartPole episodes last 8 steps or more: this is in the second.
+  steps = itertools.count()  # CartPole episodes last 8 steps or more: 5 take 40 or more.
   assert not stopped.start_eval(0, should_stop=lambda: next(steps) >= 12)
   assert stopped.finished_evals() == [] and _eval_state(stopped) == before
   assert stopped.start_eval(0) and fresh.start_eval(0)
@@ -156,8 +167,9 @@ def test_an_evaluation_stopped_by_a_signal_is_undone_and_then_repeats_exactly(tm
   assert _eval_state(stopped) == _eval_state(fresh) != before
 
 
-def test_sigterm_in_the_final_evaluation_saves_and_the_resume_evaluates_as_uninterrupted(
-    tmp_path, monkeypatch):
+@pytest.mark.parametrize("stopped_at", [500, 600])  # A mid-run evaluation, the final one.
+def test_sigterm_in_an_evaluation_saves_and_the_resume_evaluates_as_uninterrupted(
+    tmp_path, monkeypatch, stopped_at):
   config = DQNConfig(hidden_sizes=(16,), batch_size=16, min_replay_size=200,
                      replay_capacity=1000, samples_per_insert=4.0, eval_epsilon=0.2)
 
@@ -169,18 +181,18 @@ def test_sigterm_in_the_final_evaluation_saves_and_the_resume_evaluates_as_unint
   start_eval = LocalSource.start_eval
 
   def signalled(self, eval_index, should_stop=None):
-    if self.done:  # The final evaluation: a scheduler's SIGTERM arrives.
+    if self.env_steps == stopped_at:  # A scheduler's SIGTERM arrives.
       signal.raise_signal(signal.SIGTERM)
     return start_eval(self, eval_index, should_stop)
 
   monkeypatch.setattr(LocalSource, "start_eval", signalled)
   with pytest.raises(checkpoints.RunInterrupted) as stopped:
     run_experiment(experiment("stopped"), config)
-  assert stopped.value.env_steps == 600 and stopped.value.checkpoint
+  assert stopped.value.env_steps == stopped_at and stopped.value.checkpoint
   assert not (tmp_path / "stopped" / "summary.json").exists()
   monkeypatch.setattr(LocalSource, "start_eval", start_eval)
   resumed = run_experiment(experiment("stopped", resume=True), config)
-  assert resumed["resumed_from_step"] == 600 and resumed["resume_exact"]
+  assert resumed["resumed_from_step"] == stopped_at and resumed["resume_exact"]
   for key in ("params_checksum", "eval_return_mean", "eval_return_std"):
     assert resumed[key] == full[key], key
   assert _column(tmp_path / "full" / "eval.csv") == _column(tmp_path / "stopped" / "eval.csv")

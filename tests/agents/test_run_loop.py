@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from agents.dqn import DQNConfig, checkpoints, run_loop
+from agents.dqn.distributed import DistributedSource
 from agents.dqn.experiment_config import ExperimentConfig
 
 
@@ -172,3 +173,23 @@ def test_sigterm_while_the_end_waits_for_an_evaluation_saves_and_the_resume_eval
                              resume=True), CountingSource(total=400, step=100))
   assert summary["resumed_from_step"] == 400 and summary["eval_return_mean"] == 400
   assert _column(tmp_path / "run" / "eval.csv", "env_steps") == [200, 400]
+
+
+def test_the_driver_stops_waiting_for_the_evaluator_when_a_signal_comes():
+  class Ray:  # The evaluation finishes at the third poll.
+    polls = 0
+
+    def wait(self, refs, timeout):
+      assert timeout > 0  # Polls, so that a signal is seen while the evaluator runs.
+      self.polls += 1
+      return (refs if self.polls >= 3 else []), []
+
+    def get(self, ref):
+      return [ref]
+
+  source = DistributedSource.__new__(DistributedSource)  # Only the evaluation's fields.
+  source._ray, source._evals = Ray(), []  # pylint: disable=protected-access
+  source._eval_ref, source._eval_at = 7.0, (100, 50)  # pylint: disable=protected-access
+  assert source.finished_evals(wait=True, should_stop=lambda: source._ray.polls >= 2) == []
+  assert source._ray.polls == 2  # pylint: disable=protected-access
+  assert source.finished_evals(wait=True) == [(100, 50, [7.0])]

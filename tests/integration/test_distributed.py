@@ -192,24 +192,3 @@ def test_the_distributed_cartpole_preset_learns(tmp_path):
   assert summary["env_steps"] >= 12000 and summary["learner_steps"] > 5000
   assert summary["eval_return_mean"] > 5 * 22.0, summary["eval_return_mean"]  # Random: ~22.
 
-
-def test_the_driver_stops_waiting_for_the_evaluator_when_a_signal_comes():
-  from agents.dqn.distributed import DistributedSource  # pylint: disable=import-outside-toplevel
-
-  class Ray:  # The evaluation finishes at the third poll.
-    polls = 0
-
-    def wait(self, refs, timeout):
-      assert timeout > 0  # Polls, so that a signal is seen while the evaluator runs.
-      self.polls += 1
-      return (refs if self.polls >= 3 else []), []
-
-    def get(self, ref):
-      return [ref]
-
-  source = DistributedSource.__new__(DistributedSource)  # Only the evaluation's fields.
-  source._ray, source._evals = Ray(), []  # pylint: disable=protected-access
-  source._eval_ref, source._eval_at = 7.0, (100, 50)  # pylint: disable=protected-access
-  assert source.finished_evals(wait=True, should_stop=lambda: source._ray.polls >= 2) == []
-  assert source._ray.polls == 2  # pylint: disable=protected-access
-  assert source.finished_evals(wait=True) == [(100, 50, [7.0])]
