@@ -119,8 +119,8 @@ def check_program_memory(compiled, mesh: jax.sharding.Mesh, num_seeds: int,
 
   Besides the state, a program needs working memory that only its
   compiled form knows (XLA's temporaries): PQN's rollout and the network's
-  activations over it take a few times the rollout, a DQN chunk's its
-  sampled batches. `memory_analysis` gives a device's share (one seed on
+  activations over it take several times the rollout (more compiled for
+  a GPU than for the CPU), a DQN chunk's its sampled batches. `memory_analysis` gives a device's share (one seed on
   each of two CPU devices needs per seed what one seed on one does:
   tests/agents/test_anakin.py). `what`: "initialisation", "training
   chunk" or "evaluation", which decides the fix the error names.
