@@ -276,11 +276,14 @@ class RunLoggers:
   Files: `<logdir>/train.csv`, `<logdir>/eval.csv`, TensorBoard event files
   in `<logdir>`, W&B files under `<logdir>/wandb`. The progress bar (tqdm,
   on stderr) shows env steps, steps/s and the time left; it is drawn only
-  on a terminal, and never with `quiet`.
+  on a terminal, and never with `quiet`. A resumed run (`resumed_from`)
+  keeps the CSV rows up to that step, or eval rows up to
+  `eval_rows_up_to` when given (an evaluation the run makes up).
   """
 
   def __init__(self, logdir: str, names: Sequence[str], total_steps: int, *,
                quiet: bool = False, resumed_from: Optional[int] = None,
+               eval_rows_up_to: Optional[int] = None,
                wandb_project: str = "acme-jax-dqn", wandb_mode: str = "offline",
                run_name: str = "", config: Optional[Mapping[str, Any]] = None,
                wandb_module=None,
@@ -303,8 +306,10 @@ class RunLoggers:
                         for label in ("train", "eval")}
     self._csv = {}
     if "csv" in names:
+      keep = {"train": resumed_from,
+              "eval": resumed_from if eval_rows_up_to is None else eval_rows_up_to}
       self._csv = {label: CSVLogger(os.path.join(logdir, f"{label}.csv"),
-                                    keep_rows_up_to=resumed_from)
+                                    keep_rows_up_to=keep[label])
                    for label in ("train", "eval")}
     self._streams = []  # Loggers with write(label, row).
     try:

@@ -112,8 +112,13 @@ class Source(abc.ABC):
 
 
 def make_run_loggers(experiment, config,
-                     resumed_from: Optional[int] = None) -> loggers.RunLoggers:
+                     resumed_from: Optional[int] = None,
+                     eval_due: bool = False) -> loggers.RunLoggers:
   """The run's train/eval loggers and progress bar; a resumed run drops later rows.
+
+  With `eval_due` the resumed run makes up the evaluation at `resumed_from`,
+  so an eval row there (written by a run that resumed from the same
+  checkpoint and went on) is dropped too.
 
   The caller closes it in a `finally`, so an error or a stop leaves no
   progress bar drawn and no event file or W&B run open.
@@ -122,6 +127,7 @@ def make_run_loggers(experiment, config,
     return loggers.RunLoggers(
         experiment.logdir, experiment.loggers, experiment.total_steps, quiet=experiment.quiet,
         resumed_from=resumed_from, wandb_project=experiment.wandb_project,
+        eval_rows_up_to=resumed_from - 1 if eval_due else None,
         wandb_mode=experiment.wandb_mode,
         config={**dataclasses.asdict(experiment), **dataclasses.asdict(config)},
         train_checks=(run_checks.SupportCheck(config),) if config.distributional else ())
@@ -201,8 +207,9 @@ def _drive(experiment, config, source: Source, start: float, run_checkpoints, ca
   def save() -> Tuple[int, Optional[str]]:
     env_steps, arrays, host, meta, params = source.checkpoint()
     check_finite()  # Never save a non-finite state over the last good checkpoint.
-    due = (next_eval is not None and env_steps + source.eval_slack >= next_eval
-           and not final_eval_done())  # Not run (stopped by a signal, or one still running).
+    # An evaluation due here has not run (a signal stopped it, or one is still running).
+    due = not final_eval_done() and (source.done or (
+        next_eval is not None and env_steps + source.eval_slack >= next_eval))
     path = run_checkpoints.save(env_steps, arrays,
                                 {**host, "eval_rows": eval_rows, "eval_due": due},
                                 {"run_mode": experiment.run_mode,
@@ -228,7 +235,7 @@ def _drive(experiment, config, source: Source, start: float, run_checkpoints, ca
   # saves and stops at the next boundary. The loggers close with this
   # block, also on an error or a stop.
   with checkpoints.Preemption() as preemption, \
-      make_run_loggers(experiment, config, resumed_from) as run_log:
+      make_run_loggers(experiment, config, resumed_from, eval_due) as run_log:
     try:
       callbacks("train_start", {
           "run_mode": experiment.run_mode, "env": experiment.env,

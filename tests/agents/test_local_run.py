@@ -2,6 +2,7 @@
 the compilation cache reaches processes the run starts; a replay too large is refused first."""
 
 import csv
+import dataclasses
 import itertools
 import json
 import os
@@ -196,6 +197,12 @@ def test_sigterm_in_an_evaluation_saves_and_the_resume_evaluates_as_uninterrupte
   for key in ("params_checksum", "eval_return_mean", "eval_return_std"):
     assert resumed[key] == full[key], key
   assert _column(tmp_path / "full" / "eval.csv") == _column(tmp_path / "stopped" / "eval.csv")
+  if stopped_at == 600:  # Both go on to a larger budget from their checkpoints at 600.
+    longer = lambda name: dataclasses.replace(experiment(name, resume=True), total_steps=900)
+    full, resumed = run_experiment(longer("full"), config), run_experiment(longer("stopped"),
+                                                                           config)
+    assert resumed["params_checksum"] == full["params_checksum"]
+    assert _column(tmp_path / "full" / "eval.csv") == _column(tmp_path / "stopped" / "eval.csv")
 
 
 def _column(path):
