@@ -1,5 +1,6 @@
 """DQNBuilder: the single seam that wires networks, loss, replay, adder, learner and actor."""
 
+import sys
 from typing import Optional
 
 import chex
@@ -231,6 +232,7 @@ class DQNBuilder:
       example = pqn.RolloutStep(
           np.stack([observation] * self.config.num_envs), zeros.astype(np.int32), zeros,
           zeros, zeros, np.stack([observation] * self.config.num_envs), zeros)
+      self.check_rollout_fits(example)
       return pqn.RolloutBuffer(example, self.config.pqn_rollout_len)
     replay = replay or self.make_replay()
     example = self.example_transition(spec)
@@ -270,6 +272,31 @@ class DQNBuilder:
         f"`replay_capacity`={replay.capacity}: the replay needs {total / 2**30:.1f} GiB "
         f"({xla_setup.nbytes(example):,} bytes per transition) and {holder} holds "
         f"{limit / 2**30:.1f} GiB. Use `replay_capacity` <= {fits}.")
+
+  def check_rollout_fits(self, example: pqn.RolloutStep) -> None:
+    """Refuses, before allocating it, a host-fed PQN rollout that memory cannot hold.
+
+    `example` is one env step of every copy. The host holds a rollout's
+    steps as staged (each step's arrays, as `sys.getsizeof` counts them)
+    and stacked; the learner holds it once more on its device (on a CPU
+    device, in the host's memory too).
+    """
+    c = self.config
+    step = xla_setup.nbytes(example)
+    device = jax.local_devices()[0]
+    host_step = sys.getsizeof(example) + sum(map(sys.getsizeof, example)) + step  # Staged, stacked.
+    places = [("the host", xla_setup.host_memory_bytes(),
+               host_step + step if device.platform == "cpu" else host_step)]
+    if device.platform != "cpu":
+      places.append(("the device", xla_setup.device_memory_bytes(device), step))
+    for holder, limit, per_step in places:
+      if limit and c.pqn_rollout_len * per_step > 0.9 * limit:
+        raise ConfigError(
+            f"`pqn_rollout_len`={c.pqn_rollout_len}: a rollout of {c.num_envs} env copies "
+            f"needs {c.pqn_rollout_len * per_step / 2**30:.1f} GiB of {holder}'s "
+            f"{limit / 2**30:.1f} GiB ({per_step:,} bytes per step of every copy, staged, "
+            f"stacked and learned from). Use `pqn_rollout_len` <= "
+            f"{int(0.9 * limit // per_step)}, or fewer `num_envs`.")
 
   def make_adder(self, replay_buffer, num_envs: int = 1):
     """n-step transitions into `replay_buffer` (a `ReplayBuffer`, or any callable sink).

@@ -35,6 +35,19 @@ def test_a_replay_the_host_cannot_hold_is_refused_before_the_run_starts(
     assert not sys.modules["ray"].is_initialized()
 
 
+def test_a_pqn_rollout_the_host_cannot_hold_is_refused_before_it_is_allocated(tmp_path,
+                                                                              monkeypatch):
+  monkeypatch.setattr(xla_setup, "host_memory_bytes", lambda: 2**20)  # A step: about 2 KB.
+  experiment = ExperimentConfig(env="gymnasium:CartPole-v1", total_steps=1000,
+                                logdir=str(tmp_path / "run"), quiet=True)
+  with pytest.raises(ConfigError, match=r"^`pqn_rollout_len`=1000: a rollout of 8 env copies "
+                     r"needs 0\.0 GiB of the host's 0\.0 GiB \([\d,]+ bytes per step of every "
+                     r"copy, .*\)\. Use `pqn_rollout_len` <= \d{3}, or fewer `num_envs`\.$"):
+    run_experiment(experiment, DQNConfig(pqn=True, layer_norm=True, num_envs=8,
+                                         pqn_rollout_len=1000, pqn_minibatches=2))
+  assert not (tmp_path / "run" / "train.csv").exists()
+
+
 @pytest.mark.parametrize("run_mode", ["local", "distributed"])
 def test_more_env_copies_than_the_host_holds_are_refused_before_the_run_starts(
     tmp_path, monkeypatch, run_mode):
