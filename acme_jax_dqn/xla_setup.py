@@ -7,7 +7,7 @@ device query); each says so, and returns False when it is too late.
 
 import contextlib
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import jax
 
@@ -177,6 +177,18 @@ def host_memory_bytes() -> Optional[int]:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
   except (AttributeError, ValueError, OSError):
     return None
+
+
+def memory_for_buffers(on_host: bool = False) -> Tuple[Optional[int], str]:
+  """(bytes, "the host" or "the device") that this process's default device holds.
+
+  A CPU device holds the host's memory. With `on_host`, the host's memory
+  as the OS says, starting no JAX backend (a driver that only plans).
+  """
+  if on_host:
+    return host_memory_bytes(), "the host"
+  device = jax.local_devices()[0]
+  return device_memory_bytes(device), "the host" if device.platform == "cpu" else "the device"
 
 
 def nbytes(tree) -> int:

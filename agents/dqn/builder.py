@@ -252,26 +252,25 @@ class DQNBuilder:
     capacity that fits (bytes do not grow in step with capacity: a
     prioritized replay's sum tree has a power-of-two size).
     """
-    if on_host:
-      limit, holder = xla_setup.host_memory_bytes(), "the host"
-    else:
-      device = jax.local_devices()[0]
-      limit = xla_setup.device_memory_bytes(device)
-      holder = "the host" if device.platform == "cpu" else "the device"
+    limit, holder = xla_setup.memory_for_buffers(on_host)
     total = xla_setup.nbytes(jax.eval_shape(replay.init, example))
     if not limit or total <= 0.9 * limit:
       return
     c = self.config  # Smaller replays of the same kind, for the capacity that fits.
+    # (flashbax builds no replay smaller than its batch; the size does not depend on it.)
     need = lambda capacity: xla_setup.nbytes(jax.eval_shape(replay_lib.make_replay(
-        capacity, c.batch_size, replay.prioritized, c.priority_exponent).init, example))
+        capacity, min(c.batch_size, capacity), replay.prioritized, c.priority_exponent).init,
+        example))
     fits, over = 0, replay.capacity  # need(fits) fits (0: nothing), need(over) does not.
     while over - fits > 1:
       middle = (fits + over) // 2
       fits, over = (middle, over) if need(middle) <= 0.9 * limit else (fits, middle)
+    batch = (", and `batch_size` and `min_replay_size` no larger" if fits < c.batch_size
+             else "")
     raise ConfigError(
         f"`replay_capacity`={replay.capacity}: the replay needs {total / 2**30:.1f} GiB "
         f"({xla_setup.nbytes(example):,} bytes per transition) and {holder} holds "
-        f"{limit / 2**30:.1f} GiB. Use `replay_capacity` <= {fits}.")
+        f"{limit / 2**30:.1f} GiB. Use `replay_capacity` <= {fits}{batch}.")
 
   def check_rollout_fits(self, example: pqn.RolloutStep) -> None:
     """Refuses, before allocating it, a host-fed PQN rollout that memory cannot hold.
@@ -311,9 +310,34 @@ class DQNBuilder:
     return adders.NStepTransitionAdder(sink, c.n_step, c.discount, num_envs,
                                        reward_clip=c.reward_clip)
 
+  def check_learner_fits(self, networks: networks_lib.Networks, on_host: bool = False) -> None:
+    """Refuses, before allocating it, a learner whose network its memory cannot hold.
+
+    Counted with `jax.eval_shape`: the learner's state (online and target
+    parameters, the optimizer's state) and, while it learns, a gradient and
+    an update the size of the parameters. The memory is as `check_replay_fits`
+    says; the error names the largest parameter, which points at the flag.
+    """
+    state = jax.eval_shape(lambda key: learning.init_training_state(
+        networks, self.make_optimizer(), key, not self.config.pqn), jax.random.PRNGKey(0))
+    params = xla_setup.nbytes(state.online_params)
+    need = xla_setup.nbytes(state) + 2 * params
+    limit, holder = xla_setup.memory_for_buffers(on_host)
+    if not limit or need <= 0.9 * limit:
+      return
+    path, leaf = max(jax.tree_util.tree_leaves_with_path(state.online_params),
+                     key=lambda item: item[1].size)
+    raise ConfigError(
+        f"The learner needs {need / 2**30:.1f} GiB (parameters {params / 2**30:.1f} GiB, "
+        f"the largest {'/'.join(str(getattr(k, 'key', k)) for k in path)} of shape "
+        f"{tuple(leaf.shape)}) and {holder} "
+        f"holds {limit / 2**30:.1f} GiB. Use a smaller network (`hidden_sizes`, `torso`) or "
+        "fewer outputs per action (`num_atoms`, `num_quantiles`).")
+
   def make_learner(self, networks: networks_lib.Networks,
                    replay_buffer: replay_lib.ReplayBuffer,
                    key: chex.PRNGKey) -> learning.Learner:
+    self.check_learner_fits(networks)
     optimizer = self.make_optimizer()
     # One compiled call instead of one small compilation per eager Haiku/optax op.
     state = jax.jit(learning.init_training_state, static_argnums=(0, 1, 3))(

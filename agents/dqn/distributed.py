@@ -175,7 +175,7 @@ class DistributedSource(Source):
       probe.close()  # An envpool probe holds C++ threads.
       envs.batched.check_copies_fit(config.num_envs, getattr(probe, "copy_bytes", 0),
                                     makers=1 if address else num_actors)  # A local Ray: all.
-      builder.make_networks(spec, experiment.env)  # Bad env/network: error here.
+      builder.check_learner_fits(builder.make_networks(spec, experiment.env), on_host=True)
     except ValueError as error:
       raise ConfigError(str(error)) from error
     # Before any node starts (the replay node, with no GPU, checks its own host's memory too).

@@ -106,7 +106,8 @@ def check_memory(state_shape, mesh: jax.sharding.Mesh, num_seeds: int, config: D
   parts["environments"] = xla_setup.nbytes(state_shape) / num_seeds - sum(parts.values())
   parts["evaluation"] = 2 * xla_setup.nbytes(eval_shape)
   fixes = {replay: "a smaller `replay_capacity`",
-           "learner": "a smaller network (`hidden_sizes`, `torso`)",
+           "learner": "a smaller network (`hidden_sizes`, `torso`) or fewer outputs per "
+                      "action (`num_atoms`, `num_quantiles`)",
            "environments": "fewer `num_envs`", "evaluation": "fewer `eval_episodes`"}
   shares = ", ".join(f"{name} {size / 2**20:,.1f}" for name, size in parts.items())
   _refuse_seeds_over(mesh, num_seeds, limit, sum(parts.values()), "the training state",

@@ -713,10 +713,13 @@ def test_seeds_whose_state_cannot_fit_in_memory_are_refused_before_compiling(tmp
   assert not (tmp_path / "run" / "train.csv").exists()
 
 
+NETWORK_FIX = ("a smaller network (`hidden_sizes`, `torso`) or fewer outputs per action "
+               "(`num_atoms`, `num_quantiles`)")
+
+
 @pytest.mark.parametrize("config_fields, experiment_fields, fix", [
-    ({"hidden_sizes": (20_000, 20_000)}, {}, "a smaller network (`hidden_sizes`, `torso`)"),
-    ({"hidden_sizes": (20_000, 20_000), "pqn": True}, {},  # No replay in PQN's state.
-     "a smaller network (`hidden_sizes`, `torso`)"),
+    ({"hidden_sizes": (20_000, 20_000)}, {}, NETWORK_FIX),
+    ({"hidden_sizes": (20_000, 20_000), "pqn": True}, {}, NETWORK_FIX),  # PQN: no replay.
     ({}, {"eval_episodes": 10**8}, "fewer `eval_episodes`"),
     ({"num_envs": 5 * 10**7, "replay_capacity": 100}, {"total_steps": 10**8}, "fewer `num_envs`"),
 ])

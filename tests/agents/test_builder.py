@@ -1,6 +1,10 @@
 """DQNBuilder: the components it makes for every run mode."""
 
+import numpy as np
 import pytest
+from dm_env import specs as dm_specs
+
+from acme_jax_dqn import specs, xla_setup
 
 from agents.dqn import ConfigError, DQNBuilder, DQNConfig
 
@@ -29,21 +33,23 @@ def test_distributed_actors_take_their_ape_x_epsilons_from_the_builder():
                                                          config.apex_epsilon_alpha)))
 
 
+def _cartpole_spec():
+  """CartPole's specs, spelled out so that byte counts can be worked by hand."""
+  return specs.EnvironmentSpec(
+      observations=dm_specs.Array((4,), np.float32, "observation"),
+      actions=dm_specs.DiscreteArray(2, name="action"),
+      rewards=dm_specs.Array((), np.float32, "reward"),
+      discounts=dm_specs.BoundedArray((), np.float32, 0.0, 1.0, "discount"))
+
+
 @pytest.mark.parametrize("prioritized", [False, True])
 def test_a_replay_the_device_cannot_hold_is_refused_naming_the_largest_capacity_that_fits(
     monkeypatch, prioritized):
   """CartPole's transition is 44 bytes (two observations of 4 float32, an int32 action, a
   float32 reward and discount); with 1 MiB of device memory 100,000 of them cannot fit. The
   capacity the error names fits and one more does not, with or without the sum tree."""
-  from dm_env import specs as dm_specs  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  from acme_jax_dqn import specs, xla_setup  # pylint: disable=import-outside-toplevel
   monkeypatch.setattr(xla_setup, "device_memory_bytes", lambda device: 2**20)
-  spec = specs.EnvironmentSpec(
-      observations=dm_specs.Array((4,), np.float32, "observation"),
-      actions=dm_specs.DiscreteArray(2, name="action"),
-      rewards=dm_specs.Array((), np.float32, "reward"),
-      discounts=dm_specs.BoundedArray((), np.float32, 0.0, 1.0, "discount"))
+  spec = _cartpole_spec()
   builder = lambda capacity: DQNBuilder(DQNConfig(replay_capacity=capacity, min_replay_size=100,
                                                   prioritized=prioritized))
   example = builder(100_000).example_transition(spec)
@@ -60,3 +66,29 @@ def test_a_replay_the_device_cannot_hold_is_refused_naming_the_largest_capacity_
   with pytest.raises(ConfigError, match=f"`replay_capacity`={suggested + 1}: "):
     over = builder(suggested + 1)
     over.check_replay_fits(over.make_replay(), example)
+
+
+def test_a_replay_smaller_than_its_batch_is_suggested_with_the_batch_named(monkeypatch):
+  """With 1 KiB, about 20 transitions of 44 bytes fit: fewer than the batch of 32."""
+  monkeypatch.setattr(xla_setup, "device_memory_bytes", lambda device: 2**10)
+  builder = DQNBuilder(DQNConfig(replay_capacity=1000, min_replay_size=100, batch_size=32))
+  with pytest.raises(ConfigError, match=r"Use `replay_capacity` <= 2\d, and `batch_size` and "
+                     r"`min_replay_size` no larger\.$"):
+    builder.make_replay_buffer(_cartpole_spec())
+
+
+@pytest.mark.parametrize("limit_in_params, refused", [(5.5, True), (6.5, False)])
+def test_the_learner_counts_six_times_its_parameters(monkeypatch, limit_in_params, refused):
+  """A 2000-2000 MLP on CartPole: 4 x 2000 + 2000 + 2000 x 2000 + 2000 + 2000 x 2 + 2 float32
+  parameters; online, target, Adam's two moments, a gradient and an update make six copies."""
+  params = 4 * (4 * 2000 + 2000 + 2000 * 2000 + 2000 + 2000 * 2 + 2)
+  monkeypatch.setattr(xla_setup, "device_memory_bytes",
+                      lambda device: int(limit_in_params * params / 0.9))
+  builder = DQNBuilder(DQNConfig(hidden_sizes=(2000, 2000)))
+  networks = builder.make_networks(_cartpole_spec())
+  if not refused:
+    builder.check_learner_fits(networks)
+    return
+  with pytest.raises(ConfigError, match=r"the largest mlp_torso/mlp/~/linear_1/w of shape "
+                     r"\(2000, 2000\)\)"):
+    builder.check_learner_fits(networks)

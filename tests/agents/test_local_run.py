@@ -35,6 +35,25 @@ def test_a_replay_the_host_cannot_hold_is_refused_before_the_run_starts(
     assert not sys.modules["ray"].is_initialized()
 
 
+@pytest.mark.parametrize("run_mode", ["local", "distributed"])
+def test_a_network_the_learner_cannot_hold_is_refused_naming_its_largest_parameter(
+    tmp_path, monkeypatch, run_mode):
+  """Parameters: 4 x 2000 + 2000 + 2000 x 2000 + 2000 + 2000 x 2 + 2 floats, 16.0 MB; the
+  learner holds 6 times that (online, target, two Adam moments, a gradient, an update)."""
+  monkeypatch.setattr(xla_setup, "device_memory_bytes", lambda device: 2**26)
+  monkeypatch.setattr(xla_setup, "host_memory_bytes", lambda: 2**26)  # Distributed: the host's.
+  experiment = ExperimentConfig(env="gymnasium:CartPole-v1", run_mode=run_mode,
+                                total_steps=1000, logdir=str(tmp_path / "run"), quiet=True)
+  with pytest.raises(ConfigError, match=r"^The learner needs 0\.1 GiB \(parameters 0\.0 GiB, "
+                     r"the largest mlp_torso/mlp/~/linear_1/w of shape \(2000, 2000\)\) and the "
+                     r"host holds 0\.1 GiB\. Use a smaller network"):
+    run_experiment(experiment, DQNConfig(hidden_sizes=(2000, 2000), replay_capacity=1000,
+                                         min_replay_size=100))
+  assert not (tmp_path / "run" / "train.csv").exists()
+  if "ray" in sys.modules:
+    assert not sys.modules["ray"].is_initialized()
+
+
 def test_a_pqn_rollout_the_host_cannot_hold_is_refused_before_it_is_allocated(tmp_path,
                                                                               monkeypatch):
   monkeypatch.setattr(xla_setup, "host_memory_bytes", lambda: 2**20)  # A step: about 2 KB.
