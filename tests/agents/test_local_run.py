@@ -29,7 +29,8 @@ def test_a_replay_the_host_cannot_hold_is_refused_before_the_run_starts(
                                 total_steps=1000, logdir=str(tmp_path / "run"), quiet=True)
   with pytest.raises(ConfigError, match=r"`replay_capacity`=100000: the replay needs .* Use "
                      r"`replay_capacity` <= \d+\."):
-    run_experiment(experiment, DQNConfig(replay_capacity=100_000, min_replay_size=100))
+    run_experiment(experiment, DQNConfig(replay_capacity=100_000, min_replay_size=100,
+                                         hidden_sizes=(8,)))  # A learner that fits.
   assert not (tmp_path / "run" / "train.csv").exists()
   if "ray" in sys.modules:
     assert not sys.modules["ray"].is_initialized()
@@ -85,14 +86,15 @@ def test_more_env_copies_than_the_host_holds_are_refused_before_the_run_starts(
 
 
 def test_a_local_ray_counts_the_env_copies_of_every_actor(tmp_path, monkeypatch):
-  """4 copies of ~4 KB fit in 0.9 x 64 KiB; 4 actors' worth on one host do not."""
+  """4 copies of ~4 KB fit in 0.9 x 64 KiB; 8 actors' worth on one host do not."""
   monkeypatch.setattr(xla_setup, "host_memory_bytes", lambda: 2**16)
   experiment = ExperimentConfig(env="gymnasium:CartPole-v1", run_mode="distributed",
-                                num_actors=4, total_steps=1000, logdir=str(tmp_path / "run"),
+                                num_actors=8, total_steps=1000, logdir=str(tmp_path / "run"),
                                 quiet=True)
-  with pytest.raises(ConfigError, match=r"^`num_envs`=4 for each of 4 actors: the 16 "
+  with pytest.raises(ConfigError, match=r"^`num_envs`=4 for each of 8 actors: the 32 "
                      r"environment copies need .* Use `num_envs` <= \d\.$"):
-    run_experiment(experiment, DQNConfig(num_envs=4, replay_capacity=500, min_replay_size=100))
+    run_experiment(experiment, DQNConfig(num_envs=4, replay_capacity=800, min_replay_size=100,
+                                         hidden_sizes=(8,)))  # 35 KB of replay.
 
 
 def test_batched_run_counts_real_steps_and_logs_on_cadence(tmp_path):
