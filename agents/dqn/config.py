@@ -306,6 +306,11 @@ def _check(c: DQNConfig) -> None:
   if c.batch_size > c.replay_capacity:
     fail("batch_size", c.batch_size,
           f"is above `replay_capacity`={c.replay_capacity}; raise the capacity.")
+  if not c.pqn and c.num_envs > c.replay_capacity:
+    fail("num_envs", c.num_envs,
+         f"copies insert {c.num_envs} transitions every env step, more than "
+         f"`replay_capacity`={c.replay_capacity} holds. Raise `replay_capacity` or lower "
+         "`num_envs`.")
 
 
 # What PQN cannot take: each needs replay, a target network or a bootstrap it has not.

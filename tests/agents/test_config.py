@@ -15,6 +15,7 @@ from agents.dqn.experiment_config import ExperimentConfig
     ({"v_min": 5.0, "v_max": 5.0}, "v_min"),
     ({"distributional": True, "num_atoms": 1}, "num_atoms"),
     ({"min_replay_size": 2000, "replay_capacity": 1000}, "min_replay_size"),
+    ({"num_envs": 2000, "replay_capacity": 1000, "min_replay_size": 100}, "num_envs"),
     ({"target_update_tau": 0.0}, "target_update_tau"),
     ({"discount": 1.5}, "discount"),
     ({"samples_per_insert": 0.0}, "samples_per_insert"),
