@@ -103,12 +103,17 @@ def check_memory(state_shape, mesh: jax.sharding.Mesh, num_seeds: int, config: D
   buffer = getattr(state_shape, "buffer", None)  # PQN's rollout is working memory (below).
   parts = {replay: xla_setup.nbytes(buffer) / num_seeds} if buffer is not None else {}
   parts["learner"] = xla_setup.nbytes(state_shape.learner) / num_seeds
+  window = getattr(state_shape, "window", None)  # The last `n_step` steps of every copy.
+  if window is not None and config.n_step > 1:  # (Of one step, it counts as the environments'.)
+    parts["n-step window"] = xla_setup.nbytes(window) / num_seeds
   parts["environments"] = xla_setup.nbytes(state_shape) / num_seeds - sum(parts.values())
   parts["evaluation"] = 2 * xla_setup.nbytes(eval_shape)
   fixes = {replay: "a smaller `replay_capacity`",
            "learner": "a smaller network (`hidden_sizes`, `torso`) or fewer outputs per "
                       "action (`num_atoms`, `num_quantiles`)",
-           "environments": "fewer `num_envs`", "evaluation": "fewer `eval_episodes`"}
+           "n-step window": "a smaller `n_step` or fewer `num_envs`",
+           "environments": "fewer `num_envs`",
+           "evaluation": "fewer `eval_episodes`"}
   shares = ", ".join(f"{name} {size / 2**20:,.1f}" for name, size in parts.items())
   _refuse_seeds_over(mesh, num_seeds, limit, sum(parts.values()), "the training state",
                      f"per seed: {shares} MiB", fixes[max(parts, key=parts.get)])

@@ -721,7 +721,9 @@ NETWORK_FIX = ("a smaller network (`hidden_sizes`, `torso`) or fewer outputs per
     ({"hidden_sizes": (20_000, 20_000)}, {}, NETWORK_FIX),
     ({"hidden_sizes": (20_000, 20_000), "pqn": True}, {}, NETWORK_FIX),  # PQN: no replay.
     ({}, {"eval_episodes": 10**8}, "fewer `eval_episodes`"),
-    ({"num_envs": 5 * 10**7, "replay_capacity": 100}, {"total_steps": 10**8}, "fewer `num_envs`"),
+    ({"n_step": 10**7}, {"total_steps": 10**9}, "a smaller `n_step` or fewer `num_envs`"),
+    ({"num_envs": 5 * 10**7, "replay_capacity": 5 * 10**7}, {"total_steps": 10**9},
+     "fewer `num_envs`"),
 ])
 def test_seeds_that_cannot_fit_are_told_the_fix_for_the_largest_part(
     tmp_path, monkeypatch, config_fields, experiment_fields, fix):
