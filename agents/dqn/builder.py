@@ -1,5 +1,6 @@
 """DQNBuilder: the single seam that wires networks, loss, replay, adder, learner and actor."""
 
+import math
 import sys
 from typing import Optional
 
@@ -265,8 +266,9 @@ class DQNBuilder:
     while over - fits > 1:
       middle = (fits + over) // 2
       fits, over = (middle, over) if need(middle) <= 0.9 * limit else (fits, middle)
-    batch = (", and `batch_size` and `min_replay_size` no larger" if fits < c.batch_size
-             else "")
+    above = [f"`{name}`" for name in ("batch_size", "min_replay_size", "num_envs")
+             if getattr(c, name) > fits]  # DQNConfig asks the replay to hold these.
+    batch = f", and {' and '.join(above)} no larger" if above else ""
     raise ConfigError(
         f"`replay_capacity`={replay.capacity}: the replay needs {total / 2**30:.1f} GiB "
         f"({xla_setup.nbytes(example):,} bytes per transition) and {holder} holds "
@@ -288,14 +290,18 @@ class DQNBuilder:
                host_step + step if device.platform == "cpu" else host_step)]
     if device.platform != "cpu":
       places.append(("the device", xla_setup.device_memory_bytes(device), step))
+    # A length the minibatches still divide: a multiple of this.
+    unit = c.pqn_minibatches // math.gcd(c.num_envs, c.pqn_minibatches)
     for holder, limit, per_step in places:
       if limit and c.pqn_rollout_len * per_step > 0.9 * limit:
+        fits = int(0.9 * limit // per_step) // unit * unit
+        use = (f"`pqn_rollout_len` <= {fits}, or fewer `num_envs`" if fits
+               else "fewer `num_envs`")
         raise ConfigError(
             f"`pqn_rollout_len`={c.pqn_rollout_len}: a rollout of {c.num_envs} env copies "
             f"needs {c.pqn_rollout_len * per_step / 2**30:.1f} GiB of {holder}'s "
             f"{limit / 2**30:.1f} GiB ({per_step:,} bytes per step of every copy, staged, "
-            f"stacked and learned from). Use `pqn_rollout_len` <= "
-            f"{int(0.9 * limit // per_step)}, or fewer `num_envs`.")
+            f"stacked and learned from). Use {use}.")
 
   def make_adder(self, replay_buffer, num_envs: int = 1):
     """n-step transitions into `replay_buffer` (a `ReplayBuffer`, or any callable sink).
@@ -318,8 +324,8 @@ class DQNBuilder:
     an update the size of the parameters. The memory is as `check_replay_fits`
     says; the error names the largest parameter, which points at the flag.
     """
-    state = jax.eval_shape(lambda key: learning.init_training_state(
-        networks, self.make_optimizer(), key, not self.config.pqn), jax.random.PRNGKey(0))
+    state = jax.eval_shape(lambda: learning.init_training_state(  # Starts no JAX backend.
+        networks, self.make_optimizer(), jax.random.PRNGKey(0), not self.config.pqn))
     params = xla_setup.nbytes(state.online_params)
     need = xla_setup.nbytes(state) + 2 * params
     limit, holder = xla_setup.memory_for_buffers(on_host)
@@ -331,8 +337,8 @@ class DQNBuilder:
         f"The learner needs {need / 2**30:.1f} GiB (parameters {params / 2**30:.1f} GiB, "
         f"the largest {'/'.join(str(getattr(k, 'key', k)) for k in path)} of shape "
         f"{tuple(leaf.shape)}) and {holder} "
-        f"holds {limit / 2**30:.1f} GiB. Use a smaller network (`hidden_sizes`, `torso`) or "
-        "fewer outputs per action (`num_atoms`, `num_quantiles`).")
+        f"holds {limit / 2**30:.1f} GiB. Use a smaller network (`hidden_sizes`, `torso`, "
+        "`iqn_num_cosines`) or fewer outputs per action (`num_atoms`, `num_quantiles`).")
 
   def make_learner(self, networks: networks_lib.Networks,
                    replay_buffer: replay_lib.ReplayBuffer,

@@ -175,14 +175,14 @@ class DistributedSource(Source):
       probe.close()  # An envpool probe holds C++ threads.
       envs.batched.check_copies_fit(config.num_envs, getattr(probe, "copy_bytes", 0),
                                     makers=1 if address else num_actors)  # A local Ray: all.
-      builder.check_learner_fits(builder.make_networks(spec, experiment.env), on_host=True)
+      networks = builder.make_networks(spec, experiment.env)  # Bad env/network: error here.
+      if not address:  # The learner runs on this host (on a cluster its node checks its own).
+        builder.check_learner_fits(networks, on_host=True)
     except ValueError as error:
       raise ConfigError(str(error)) from error
-    # Before any node starts (the replay node, with no GPU, checks its own host's memory too).
-    builder.check_replay_fits(builder.make_replay(), builder.example_transition(spec),
-                              on_host=True)
-    self._ray, self._started = ray_cluster.start_ray(address,
-                                                       experiment.compilation_cache_dir)
+    builder.check_replay_fits(  # Before any node starts (the replay node checks its host too).
+        builder.make_replay(), builder.example_transition(spec), on_host=True)
+    self._ray, self._started = ray_cluster.start_ray(address, experiment.compilation_cache_dir)
     self._node_handles: List[Any] = []
     try:
       self._start_nodes(spec)

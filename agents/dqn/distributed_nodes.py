@@ -202,6 +202,7 @@ class LearnerNode:
     self._ray = ray
     builder = DQNBuilder(config)
     networks = builder.make_networks(spec, env_name)
+    builder.check_learner_fits(networks)  # On this node's device (the driver may be elsewhere).
     optimizer = builder.make_optimizer()
     self._sgd_steps = jax.jit(builder.make_batches_learner_step(networks, optimizer),
                               donate_argnums=0)

@@ -208,7 +208,7 @@ def _drive(experiment, config, source: Source, start: float, run_checkpoints, ca
     env_steps, arrays, host, meta, params = source.checkpoint()
     check_finite()  # Never save a non-finite state over the last good checkpoint.
     # An evaluation due here has not run (a signal stopped it, or one is still running).
-    due = not final_eval_done() and (source.done or (
+    due = not final_eval_done() and (source.done or callbacks.stop_requested or (
         next_eval is not None and env_steps + source.eval_slack >= next_eval))
     path = run_checkpoints.save(env_steps, arrays,
                                 {**host, "eval_rows": eval_rows, "eval_due": due},

@@ -713,8 +713,8 @@ def test_seeds_whose_state_cannot_fit_in_memory_are_refused_before_compiling(tmp
   assert not (tmp_path / "run" / "train.csv").exists()
 
 
-NETWORK_FIX = ("a smaller network (`hidden_sizes`, `torso`) or fewer outputs per action "
-               "(`num_atoms`, `num_quantiles`)")
+NETWORK_FIX = ("a smaller network (`hidden_sizes`, `torso`, `iqn_num_cosines`) or fewer "
+               "outputs per action (`num_atoms`, `num_quantiles`)")
 
 
 @pytest.mark.parametrize("config_fields, experiment_fields, fix", [

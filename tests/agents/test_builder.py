@@ -68,13 +68,30 @@ def test_a_replay_the_device_cannot_hold_is_refused_naming_the_largest_capacity_
     over.check_replay_fits(over.make_replay(), example)
 
 
-def test_a_replay_smaller_than_its_batch_is_suggested_with_the_batch_named(monkeypatch):
-  """With 1 KiB, about 20 transitions of 44 bytes fit: fewer than the batch of 32."""
-  monkeypatch.setattr(xla_setup, "device_memory_bytes", lambda device: 2**10)
+@pytest.mark.parametrize("limit, named", [
+    (2**10, "`batch_size` and `min_replay_size`"),  # About 20 transitions of 44 bytes fit.
+    (3000, "`min_replay_size`"),  # About 60: the batch of 32 fits, the minimum of 100 not.
+])
+def test_a_replay_below_what_the_config_asks_it_to_hold_names_those_flags(
+    monkeypatch, limit, named):
+  monkeypatch.setattr(xla_setup, "device_memory_bytes", lambda device: limit)
   builder = DQNBuilder(DQNConfig(replay_capacity=1000, min_replay_size=100, batch_size=32))
-  with pytest.raises(ConfigError, match=r"Use `replay_capacity` <= 2\d, and `batch_size` and "
-                     r"`min_replay_size` no larger\.$"):
+  with pytest.raises(ConfigError, match=rf"Use `replay_capacity` <= \d\d, and {named} no "
+                     r"larger\.$"):
     builder.make_replay_buffer(_cartpole_spec())
+
+
+def test_a_suggested_pqn_rollout_length_keeps_the_minibatches_whole(monkeypatch):
+  """3 copies and 4 minibatches: only multiples of 4 steps split into 4 (3 x len % 4 == 0)."""
+  monkeypatch.setattr(xla_setup, "host_memory_bytes", lambda: 2**20)
+  builder = DQNBuilder(DQNConfig(pqn=True, layer_norm=True, num_envs=3, pqn_rollout_len=4000,
+                                 pqn_minibatches=4))
+  with pytest.raises(ConfigError, match=r"Use `pqn_rollout_len` <= (\d+), or fewer") as error:
+    builder.make_replay_buffer(_cartpole_spec())
+  suggested = int(str(error.value).rsplit("<= ", 1)[1].split(",")[0])
+  assert 0 < suggested < 4000 and suggested % 4 == 0
+  DQNBuilder(DQNConfig(pqn=True, layer_norm=True, num_envs=3, pqn_rollout_len=suggested,
+                       pqn_minibatches=4)).make_replay_buffer(_cartpole_spec())
 
 
 @pytest.mark.parametrize("limit_in_params, refused", [(5.5, True), (6.5, False)])

@@ -235,7 +235,8 @@ def test_sigterm_in_an_evaluation_saves_and_the_resume_evaluates_as_uninterrupte
     longer = lambda name: dataclasses.replace(experiment(name, resume=True), total_steps=900)
     full, resumed = run_experiment(longer("full"), config), run_experiment(longer("stopped"),
                                                                            config)
-    assert resumed["params_checksum"] == full["params_checksum"]
+    for key in ("params_checksum", "eval_return_mean", "eval_return_std"):
+      assert resumed[key] == full[key], key
     assert _column(tmp_path / "full" / "eval.csv") == _column(tmp_path / "stopped" / "eval.csv")
 
 

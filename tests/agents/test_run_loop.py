@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from acme_jax_dqn import callbacks as callbacks_lib
 from agents.dqn import DQNConfig, checkpoints, run_loop
 from agents.dqn.distributed import DistributedSource
 from agents.dqn.experiment_config import ExperimentConfig
@@ -173,6 +174,23 @@ def test_sigterm_while_the_end_waits_for_an_evaluation_saves_and_the_resume_eval
                              resume=True), CountingSource(total=400, step=100))
   assert summary["resumed_from_step"] == 400 and summary["eval_return_mean"] == 400
   assert _column(tmp_path / "run" / "eval.csv", "env_steps") == [200, 400]
+
+
+def test_a_run_a_callback_stopped_and_a_signal_cut_short_makes_up_its_final_evaluation(
+    tmp_path):
+  """A callback stops training at 200; SIGTERM comes while the end waits for an evaluation."""
+  stop_at_200 = lambda event, data: event == "log" and data["env_steps"] >= 200
+  experiment = _experiment(tmp_path, total_steps=1000, log_every=100, eval_every=500)
+  with pytest.raises(checkpoints.RunInterrupted) as stopped:
+    run_loop.run(experiment, DQNConfig(), CountingSource(
+        total=1000, step=100, async_evals=True, signal_at=200), time.perf_counter(),
+                 callbacks_lib.CallbackList(stop_at_200))
+  assert stopped.value.env_steps == 200
+  summary = _run(_experiment(tmp_path, total_steps=300, log_every=100, eval_every=500,
+                             resume=True), CountingSource(total=300, step=100))
+  # The evaluation at 200 first, then training on to 300 and its final evaluation.
+  assert _column(tmp_path / "run" / "eval.csv", "env_steps") == [200, 300]
+  assert summary["resumed_from_step"] == 200
 
 
 def test_the_driver_stops_waiting_for_the_evaluator_when_a_signal_comes():
