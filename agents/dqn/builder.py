@@ -285,7 +285,8 @@ class DQNBuilder:
     c = self.config
     step = xla_setup.nbytes(example)
     device = jax.local_devices()[0]
-    host_step = sys.getsizeof(example) + sum(map(sys.getsizeof, example)) + step  # Staged, stacked.
+    staged = sys.getsizeof(example) + sum(map(sys.getsizeof, example))
+    host_step = staged + step  # Staged, then stacked.
     places = [("the host", xla_setup.host_memory_bytes(),
                host_step + step if device.platform == "cpu" else host_step)]
     if device.platform != "cpu":
@@ -333,11 +334,11 @@ class DQNBuilder:
       return
     path, leaf = max(jax.tree_util.tree_leaves_with_path(state.online_params),
                      key=lambda item: item[1].size)
+    name = "/".join(str(getattr(k, "key", k)) for k in path)
     raise ConfigError(
         f"The learner needs {need / 2**30:.1f} GiB (parameters {params / 2**30:.1f} GiB, "
-        f"the largest {'/'.join(str(getattr(k, 'key', k)) for k in path)} of shape "
-        f"{tuple(leaf.shape)}) and {holder} "
-        f"holds {limit / 2**30:.1f} GiB. Use a smaller network (`hidden_sizes`, `torso`, "
+        f"the largest {name} of shape {tuple(leaf.shape)}) and {holder} holds "
+        f"{limit / 2**30:.1f} GiB. Use a smaller network (`hidden_sizes`, `torso`, "
         "`iqn_num_cosines`) or fewer outputs per action (`num_atoms`, `num_quantiles`).")
 
   def make_learner(self, networks: networks_lib.Networks,

@@ -124,10 +124,11 @@ def check_program_memory(compiled, mesh: jax.sharding.Mesh, num_seeds: int,
   """Refuses, after compiling `what` and before it runs, seeds its memory cannot hold.
 
   Besides the state, a program needs working memory that only its
-  compiled form knows (XLA's temporaries): PQN's rollout and the network's
-  activations over it take several times the rollout (more compiled for
-  a GPU than for the CPU), a DQN chunk's its sampled batches. `memory_analysis` gives a device's share (one seed on
-  each of two CPU devices needs per seed what one seed on one does:
+  compiled form knows (XLA's temporaries): for PQN, its rollout and the
+  network's activations over it, several times the rollout (more compiled
+  for a GPU than for the CPU); for a DQN chunk, its sampled batches.
+  `memory_analysis` gives a device's share (one seed on each of two CPU
+  devices needs per seed what one seed on one does:
   tests/agents/test_anakin.py). `what`: "initialisation", "training
   chunk" or "evaluation", which decides the fix the error names.
   """
@@ -147,9 +148,9 @@ def check_program_memory(compiled, mesh: jax.sharding.Mesh, num_seeds: int,
     fix = "a shorter `pqn_rollout_len` or fewer `num_envs`"
   else:
     fix = "a smaller `batch_size`" if what == "training chunk" else "a smaller `replay_capacity`"
-  _refuse_seeds_over(mesh, num_seeds, limit, per_seed(
-      stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
-      + stats.temp_size_in_bytes), f"the compiled {what}",
+  need = per_seed(stats.argument_size_in_bytes + stats.output_size_in_bytes
+                  - stats.alias_size_in_bytes + stats.temp_size_in_bytes)
+  _refuse_seeds_over(mesh, num_seeds, limit, need, f"the compiled {what}",
                      f"per seed, {temp / 2**20:,.1f} MiB of it working memory", fix)
 
 
