@@ -195,6 +195,13 @@ def fail(field: str, value, why: str) -> None:
   raise ConfigError(f"`{field}`={value!r}: {why}")
 
 
+def check_int32(field: str, value: int, what: str = "it") -> None:
+  """Refuses a `value` above INT32_MAX: the compiled programs hold `what` as a 32-bit integer."""
+  if value > INT32_MAX:
+    fail(field, value, f"must be at most {INT32_MAX:,} (2**31 - 1): the compiled programs "
+         f"hold {what} as a 32-bit integer.")
+
+
 def _check(c: DQNConfig) -> None:
   """Single-field ranges first, then fields that must agree with each other."""
   for field in dataclasses.fields(c):
@@ -210,9 +217,7 @@ def _check(c: DQNConfig) -> None:
     value = getattr(c, name)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       fail(name, value, "must be an integer of at least 1.")
-    if value > INT32_MAX:  # Sizes and counts inside compiled programs are int32.
-      fail(name, value, f"must be at most {INT32_MAX:,} (2**31 - 1): the compiled programs "
-           "hold it as a 32-bit integer.")
+    check_int32(name, value)  # Sizes and counts inside compiled programs are int32.
   for name in ("epsilon_decay_steps", "learning_rate_decay_steps",
                "importance_sampling_anneal_steps"):
     if getattr(c, name) < 0:

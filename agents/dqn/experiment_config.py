@@ -4,7 +4,7 @@ import dataclasses
 from typing import Tuple
 
 from acme_jax_dqn import loggers
-from agents.dqn.config import INT32_MAX, ConfigError, fail
+from agents.dqn.config import ConfigError, check_int32, fail
 
 RUN_MODES = ("local", "anakin", "distributed")
 # JAX's PRNG implementations (`jax_default_prng_impl`); threefry2x32 is JAX's default.
@@ -149,13 +149,9 @@ def _check(e: ExperimentConfig) -> None:
     fail("checkpoint_every", e.checkpoint_every, "asks for checkpoints and "
           "`save_checkpoints`=False turns them off; drop one.")
   for name in ("eval_episodes", "num_seeds"):  # Array sizes in the compiled programs.
-    if getattr(e, name) > INT32_MAX:
-      fail(name, getattr(e, name), f"must be at most {INT32_MAX:,} (2**31 - 1): the compiled "
-           "programs hold it as a 32-bit integer.")
-  if e.run_mode == "anakin" and e.total_steps > INT32_MAX:
-    fail("total_steps", e.total_steps, f"must be at most {INT32_MAX:,} (2**31 - 1) with "
-         "`run_mode`=anakin: the compiled program counts each seed's env steps as a 32-bit "
-         "integer.")
+    check_int32(name, getattr(e, name))
+  if e.run_mode == "anakin":
+    check_int32("total_steps", e.total_steps, "each seed's env steps (`run_mode`=anakin)")
   if e.run_mode == "anakin" and not e.checkpoint_replay:
     fail("checkpoint_replay", False, "in anakin mode the replay is part of the compiled "
           "state and is always saved; drop the setting.")

@@ -191,4 +191,3 @@ def test_the_distributed_cartpole_preset_learns(tmp_path):
   summary = json.loads((logdir / "summary.json").read_text())
   assert summary["env_steps"] >= 12000 and summary["learner_steps"] > 5000
   assert summary["eval_return_mean"] > 5 * 22.0, summary["eval_return_mean"]  # Random: ~22.
-
