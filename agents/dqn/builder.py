@@ -317,16 +317,19 @@ class DQNBuilder:
     return adders.NStepTransitionAdder(sink, c.n_step, c.discount, num_envs,
                                        reward_clip=c.reward_clip)
 
-  def check_learner_fits(self, networks: networks_lib.Networks, on_host: bool = False) -> None:
+  def check_learner_fits(self, networks: networks_lib.Networks, on_host: bool = False,
+                         state=None) -> None:
     """Refuses, before allocating it, a learner whose network its memory cannot hold.
 
     Counted with `jax.eval_shape`: the learner's state (online and target
     parameters, the optimizer's state) and, while it learns, a gradient and
     an update the size of the parameters. The memory is as `check_replay_fits`
-    says; the error names the largest parameter, which points at the flag.
+    says; the error names the largest parameter, which points at the flag. `state`: the
+    state's shapes when the caller has them (`make_learner`'s trace of its init).
     """
-    state = jax.eval_shape(lambda: learning.init_training_state(  # Starts no JAX backend.
-        networks, self.make_optimizer(), jax.random.PRNGKey(0), not self.config.pqn))
+    if state is None:
+      state = jax.eval_shape(lambda: learning.init_training_state(  # Starts no JAX backend.
+          networks, self.make_optimizer(), jax.random.PRNGKey(0), not self.config.pqn))
     params = xla_setup.nbytes(state.online_params)
     need = xla_setup.nbytes(state) + 2 * params
     limit, holder = xla_setup.memory_for_buffers(on_host)
@@ -344,11 +347,13 @@ class DQNBuilder:
   def make_learner(self, networks: networks_lib.Networks,
                    replay_buffer: replay_lib.ReplayBuffer,
                    key: chex.PRNGKey) -> learning.Learner:
-    self.check_learner_fits(networks)
     optimizer = self.make_optimizer()
-    # One compiled call instead of one small compilation per eager Haiku/optax op.
-    state = jax.jit(learning.init_training_state, static_argnums=(0, 1, 3))(
-        networks, optimizer, key, not self.config.pqn)
+    # One compiled call instead of one small compilation per eager Haiku/optax op; its trace
+    # (shapes only) is checked first, and the call reuses it.
+    init = jax.jit(learning.init_training_state, static_argnums=(0, 1, 3))
+    args = (networks, optimizer, key, not self.config.pqn)
+    self.check_learner_fits(networks, state=jax.eval_shape(init, *args))
+    state = init(*args)
     learner_step = self.make_learner_step(networks, replay_buffer.replay, optimizer)
     return learning.Learner(learner_step, replay_buffer, state)
 
