@@ -110,3 +110,29 @@ class NaNRewardCartPole(CartPoleEnv):
 if "NaNRewardCartPole-v0" not in gym.registry:
   gym.register(id="NaNRewardCartPole-v0", entry_point=NaNRewardCartPole,
                max_episode_steps=500)
+
+
+class CartPoleRefusedInRay(CartPoleEnv):
+  """CartPole that a Ray actor cannot make, as if its host held too little for the env copies.
+
+  Its constructor raises the refusal such a host gives: with `on_restart`,
+  only in an actor Ray restarted after a crash, else in any actor; outside
+  Ray actors it is CartPole. Runs name it
+  `--env=gymnasium:tests.fakes:CartPoleRefusedInRay-v0` (any actor) or
+  `...:CartPoleRefusedOnRestart-v0` (restarted actors).
+  """
+
+  def __init__(self, on_restart: bool = False, **kwargs):
+    import ray  # pylint: disable=import-outside-toplevel
+    context = ray.get_runtime_context() if ray.is_initialized() else None
+    if context is not None and context.get_actor_id() and (
+        context.was_current_actor_reconstructed or not on_restart):
+      raise ValueError("`num_envs`=1: this host cannot hold the copies. Use another host.")
+    super().__init__(**kwargs)
+
+
+for _name, _on_restart in (("CartPoleRefusedInRay-v0", False),
+                           ("CartPoleRefusedOnRestart-v0", True)):
+  if _name not in gym.registry:
+    gym.register(id=_name, entry_point=CartPoleRefusedInRay, max_episode_steps=500,
+                 kwargs={"on_restart": _on_restart})

@@ -51,7 +51,15 @@ class RunInterrupted(Exception):
 
 
 class RunError(RuntimeError):
-  """A run that cannot go on; the message says what happened and what is kept."""
+  """A run that cannot go on; the message says what happened and what is kept.
+
+  `resumable`: what failed holds none of the run's state (an actor, the
+  evaluator), so the run loop saves a checkpoint before it stops.
+  """
+
+  def __init__(self, message: str = "", resumable: bool = False):
+    super().__init__(message)
+    self.resumable = resumable
 
 
 class NonFiniteError(RunError):

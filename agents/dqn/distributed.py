@@ -13,8 +13,10 @@ nodes; each advance of the run loop is one round of the driver: it waits
 for an actor, the learner or the evaluator to finish a call, and reads the
 replay's counts. The run ends at `total_steps` env steps or
 `max_learner_steps` learner steps. Checkpoints hold the learner, the
-replay and the replay's counts (`_ProgramCheckpoints`); a crashed learner
-continues from the driver's newest learner snapshot.
+replay and the replay's counts (`distributed_state.ProgramCheckpoints`); a
+crashed learner continues from the driver's newest learner snapshot. An
+actor whose restart fails in its constructor is left out (Ray does not try
+it again); the others carry the run.
 """
 
 import os
@@ -25,140 +27,17 @@ import jax
 
 from acme_jax_dqn import checkpointing
 from acme_jax_dqn import envs
-from acme_jax_dqn import learning
 from acme_jax_dqn import loggers
 from acme_jax_dqn import specs
-from agents.dqn import checkpoints
 from agents.dqn import ray_cluster
 from agents.dqn import summary as summary_lib
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import ConfigError, DQNConfig
 from agents.dqn.distributed_nodes import (ActorNode, EvaluatorNode, LearnerNode, ReplayNode,
                                           VariableServer)
+from agents.dqn.distributed_state import LEARNER_RESTARTS, LEARNER_SNAPSHOT_S, ProgramCheckpoints
+from agents.dqn.ray_cluster import NodeCrashed
 from agents.dqn.run_loop import Source
-
-LEARNER_RESTARTS = 3  # Crashes of the learner node a run recovers from.
-LEARNER_SNAPSHOT_S = 30.0  # Seconds between learner snapshots kept on the driver.
-
-
-class NodeCrashed(checkpoints.RunError):
-  """The learner or the replay node died: the run cannot go on."""
-
-
-class _ProgramCheckpoints:
-  """Saves and restores the distributed program's state through the run's checkpoints.
-
-  A checkpoint holds the learner's TrainingState, the replay items (with
-  `checkpoint_replay`; without them a resumed replay refills to
-  `min_replay_size` first) and, on the host, the replay's accepted env-step
-  counts per actor, its sampling key and rate-limiter counts, the learner
-  steps, the evaluations and the restart counts. The counts come from the
-  replay's one snapshot, so a resumed run counts every accepted step once.
-  The driver also keeps the learner's state every `LEARNER_SNAPSHOT_S`
-  seconds (checkpoints on or off); a learner node that crashed continues
-  from the newest of these snapshots.
-  """
-
-  def __init__(self, ray, experiment, config: DQNConfig, spec, nodes):
-    self._ray, self._experiment, self._config = ray, experiment, config
-    self.replay, self.learner, self.actors = nodes
-    self.learner_snapshot: Optional[Dict[str, Any]] = None
-    self.learner_restarts = 0
-    self.snapshot_at = time.time()
-    builder = DQNBuilder(config)
-    networks = builder.make_networks(spec, experiment.env)
-    learner_target = jax.eval_shape(
-        lambda key: learning.init_training_state(networks, builder.make_optimizer(), key),
-        jax.random.PRNGKey(0))
-    self._target = {"learner": learner_target}
-    if experiment.checkpoint_replay:
-      self._target["replay"] = jax.eval_shape(builder.make_replay().init,
-                                              builder.example_transition(spec))
-
-  def snapshot_learner(self) -> None:
-    """Keeps the learner's newest state on the driver (what a restarted learner resumes)."""
-    while True:
-      try:
-        self.learner_snapshot = self._ray.get(self.learner.snapshot.remote())
-        self.snapshot_at = time.time()
-        return
-      except self._ray.exceptions.RayActorError as error:  # Died meanwhile: restart, retry.
-        self.recover_learner(error)
-
-  def recover_learner(self, error: Exception) -> None:
-    """After the learner process died: Ray restarts it; it continues from the newest snapshot."""
-    if self.learner_restarts >= LEARNER_RESTARTS:
-      raise NodeCrashed(f"The learner node crashed {self.learner_restarts + 1} times "
-                        f"({type(error).__name__}: {str(error).splitlines()[0][:300]}); the "
-                        "run stops. See the Ray logs under /tmp/ray/session_latest/logs.")
-    self.learner_restarts += 1
-    self.restart_learner()
-
-  def checkpoint(self, host: Dict[str, Any]):
-    """Snapshots the replay, then the learner: (env steps, arrays, host, meta, params)."""
-    ray = self._ray
-    with_items = self._experiment.checkpoint_replay and self._experiment.save_checkpoints
-    replay_state = ray.get(self.replay.get_state.remote(with_items))
-    self.snapshot_learner()
-    state = self.learner_snapshot["state"]
-    arrays = {"learner": state}
-    if "buffer" in replay_state:
-      arrays["replay"] = replay_state.pop("buffer")
-    learner_steps = self.learner_snapshot["learner_steps"]
-    return (sum(replay_state["actor_steps"].values()), arrays,
-            {**host, "replay": replay_state, "learner_steps": learner_steps},
-            {"learner_steps": learner_steps, "replay_saved": "replay" in arrays,
-             "nonfinite_updates": int(state.nonfinite_updates)}, state.online_params)
-
-  def restore(self, run_checkpoints) -> Dict[str, Any]:
-    """Loads the newest checkpoint into the nodes; returns its host state and env steps."""
-    ray = self._ray
-    arrays, meta, host = run_checkpoints.restore(self._target)
-    if not host or "replay" not in host:
-      raise checkpointing.CheckpointError(
-          f"`resume`: {run_checkpoints.last_path} holds a distributed run's final parameters only "
-          "(no replay counts), so the run cannot continue from it. Start a new run in a new "
-          "`logdir`; launch.evaluate still reads that checkpoint.")
-    arrays = jax.device_get(arrays)
-    replay_state = dict(host["replay"])
-    if "replay" in arrays:
-      replay_state["buffer"] = arrays["replay"]
-    self.learner_snapshot = {"state": arrays["learner"],
-                             "learner_steps": host["learner_steps"]}
-    ray.get([self.replay.set_state.remote(replay_state),
-             self.learner.set_state.remote(arrays["learner"], host["learner_steps"])])
-    self.resume_actors(replay_state["actor_steps"])
-    return {**host, "env_steps": int(meta["env_steps"])}
-
-  def resume_actors(self, actor_steps: Dict[int, int], only: Optional[int] = None) -> None:
-    """Actors continue their epsilon schedules from their counted env steps."""
-    for i, actor in enumerate(self.actors):
-      if only is None or i == only:
-        actor.set_steps.remote(int(actor_steps.get(i, 0)))
-
-  def restart_learner(self, timeout_s: float = 300.0) -> None:
-    """Waits for Ray to restart the learner node, which continues from the newest snapshot.
-
-    Without a snapshot (no checkpoint yet) it starts from fresh parameters.
-    """
-    ray = self._ray
-    deadline = time.time() + timeout_s
-    while True:
-      left = max(1.0, deadline - time.time())
-      try:
-        if self.learner_snapshot is None:
-          ray.get(self.learner.pid.remote(), timeout=left)
-        else:
-          ray.get(self.learner.set_state.remote(self.learner_snapshot["state"],
-                                                self.learner_snapshot["learner_steps"]),
-                  timeout=left)
-        return
-      except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError) as error:
-        if time.time() > deadline:  # Still restarting after the timeout.
-          raise NodeCrashed(f"The learner node did not come back within {timeout_s:.0f} s "
-                            f"of a crash ({type(error).__name__}).") from None
-        time.sleep(0.5)
-
 
 class DistributedSource(Source):
   """The Ray program, advanced one driver round at a time."""
@@ -208,12 +87,16 @@ class DistributedSource(Source):
                                      insert_batch) for i in range(num_actors)]
     self._evaluator = ray.remote(num_cpus=0)(EvaluatorNode).remote(config, env_name, seed,
                                                                    variables)
-    ray.get(replay.ping.remote())
-    self._actor_info = ray.get([a.info.remote() for a in self._actors])
     self._node_handles = [variables, replay, learner, self._evaluator, *self._actors]
-    self._program = _ProgramCheckpoints(ray, experiment, config, spec,
+    ray_cluster.wait_for_nodes(ray, {"the replay node": [replay], "the learner node": [learner],
+                                     "an actor node": self._actors,
+                                     "the evaluator node": [self._evaluator]})
+    self._actor_info = ray.get([a.info.remote() for a in self._actors])
+    self._program = ProgramCheckpoints(ray, experiment, config, spec,
                                         (replay, learner, self._actors))
     self._restarts = [0] * num_actors
+    self._lost: List[int] = []  # Actors whose restart failed (Ray does not retry those).
+    self._failing = set()  # Actors whose last call failed.
     self._returns: List[float] = []
     os.makedirs(experiment.logdir, exist_ok=True)
     # Where each node runs (pid, Ray node), for operators and the fault test.
@@ -288,8 +171,16 @@ class DistributedSource(Source):
         i = self._pending.pop(ref)
         try:
           self._returns.extend(ray.get(ref)["episode_returns"])
-        except ray.exceptions.RayActorError:
-          self._restarts[i] += 1  # Ray restarts it; its unsent transitions were never counted.
+          self._failing.discard(i)
+        except ray.exceptions.RayActorError as error:
+          if getattr(error, "actor_init_failed", False):  # Ray will not try it again.
+            self._lose_actor(i, error)
+            continue
+          # Ray restarts it (calls fail meanwhile: one restart until a call succeeds); its
+          # unsent transitions were never counted.
+          if i not in self._failing:
+            self._restarts[i] += 1
+            self._failing.add(i)
           self._program.resume_actors(self._stats["actor_steps"], only=i)
         self._pending[self._actors[i].run.remote(self._actor_chunk)] = i
     try:
@@ -299,6 +190,16 @@ class DistributedSource(Source):
     self.env_steps = self._stats["env_steps"]
     if not self.done and time.time() - self._program.snapshot_at > LEARNER_SNAPSHOT_S:
       self._program.snapshot_learner()  # What a crashed learner would continue from.
+
+  def _lose_actor(self, i: int, error: Exception) -> None:
+    """Goes on without actor i, whose restart failed; with no actor left the run stops."""
+    self._lost.append(i)
+    why = f"actor {i} could not start again after a crash: {ray_cluster.start_failure(error)}"
+    why = why.rstrip(".")
+    if len(self._lost) == len(self._actors):
+      raise NodeCrashed(f"No actor node is left: {why}.", resumable=True)
+    loggers.warn(f"{why}. The run goes on with {len(self._actors) - len(self._lost)} of "
+                 f"{len(self._actors)} actors.")
 
   def train_fields(self) -> Dict[str, Any]:
     result = self._learner_result
@@ -315,7 +216,11 @@ class DistributedSource(Source):
     return (result.get("nonfinite_updates", 0), result.get("first_nonfinite_step", -1), "")
 
   def _collect_eval(self) -> None:
-    values = self._ray.get(self._eval_ref)
+    try:
+      values = self._ray.get(self._eval_ref)
+    except self._ray.exceptions.RayActorError as error:
+      raise NodeCrashed(f"The evaluator node died ({ray_cluster.start_failure(error)}).",
+                        resumable=True) from None
     self._evals.append((*self._eval_at, values))
     self._eval_ref = None
 
@@ -376,6 +281,7 @@ class DistributedSource(Source):
         actor_node_ids=[info["node_id"] for info in self._actor_info],
         actor_restarts=self._restarts,
         actor_restarts_total=sum(self._restarts),
+        actors_lost=self._lost,
         learner_restarts=self._program.learner_restarts,
         learner_steps_per_s=self.learner_steps / train_s,
         replay_inserts=stats["inserted"], replay_samples=stats["sampled"],

@@ -35,7 +35,7 @@ from acme_jax_dqn import specs
 from acme_jax_dqn import xla_setup
 from acme_jax_dqn.types import Transition
 from agents.dqn.builder import DQNBuilder
-from agents.dqn.config import DQNConfig
+from agents.dqn.config import ConfigError, DQNConfig
 from agents.dqn.local_run import evaluate
 
 
@@ -163,9 +163,6 @@ class ReplayNode:
         self._buffer.set_host_state(state["buffer_host"])
         self._limiter.inserts, self._limiter.samples = state["inserted"], state["sampled"]
       self._cond().notify_all()
-
-  async def ping(self) -> bool:
-    return True
 
   async def pid(self) -> int:
     return os.getpid()
@@ -306,9 +303,12 @@ class ActorNode:
     path = (actor_id,)
     if ray.get_runtime_context().was_current_actor_reconstructed:
       path += (os.getpid(),)  # A restarted actor does not replay its first life's episodes.
-    self._environment = envs.make_environment(
-        env_name, seed=seeding.derive_seed(seed, seeding.Stream.ACTOR_ENVS, *path),
-        num_envs=num_envs)
+    try:  # More copies than this host holds: refused here (the driver's host may be larger).
+      self._environment = envs.make_environment(
+          env_name, seed=seeding.derive_seed(seed, seeding.Stream.ACTOR_ENVS, *path),
+          num_envs=num_envs)
+    except ValueError as error:
+      raise ConfigError(str(error)) from None
     spec = specs.make_environment_spec(self._environment)
     builder = DQNBuilder(config)
     networks = builder.make_networks(spec, env_name)

@@ -2,11 +2,53 @@
 
 import os
 import socket
+from typing import Dict, List, Optional
 
 import jax
 
 from acme_jax_dqn import xla_setup
+from agents.dqn import checkpoints
 from agents.dqn.config import ConfigError
+
+
+class NodeCrashed(checkpoints.RunError):
+  """A node died, or could not start again, and the run cannot go on without it."""
+
+
+def refusal(error: Exception) -> Optional[str]:
+  """The ConfigError message with which a node's constructor refused the run; else None.
+
+  A node whose constructor raised (at its start, or when Ray restarted it)
+  is dead for good: Ray does not try it again. Ray's ActorDiedError then
+  holds the constructor's traceback as text, not the exception, so the
+  message is read from its last line.
+  """
+  if not getattr(error, "actor_init_failed", False):
+    return None
+  prefix = f"{ConfigError.__module__}.{ConfigError.__qualname__}: "
+  last = str(error).strip().splitlines()[-1].strip()
+  return last[len(prefix):] if last.startswith(prefix) else None
+
+
+def start_failure(error: Exception) -> str:
+  """One line on why a node could not start: its refusal, or its error's last line."""
+  return refusal(error) or str(error).strip().splitlines()[-1].strip()[:300]
+
+
+def wait_for_nodes(ray, nodes: Dict[str, List]) -> None:
+  """Waits until every node has started: one that refused the run gives a ConfigError.
+
+  `nodes`: {what to call one of them ("the learner node"): their handles}. A node that failed to start
+  for another reason gives NodeCrashed, with its error's last line.
+  """
+  for name, handles in nodes.items():
+    try:
+      ray.get([handle.__ray_ready__.remote() for handle in handles])
+    except ray.exceptions.RayActorError as error:
+      if refusal(error) is not None:
+        raise ConfigError(f"{name} refused the run on its Ray host: {refusal(error)}") from None
+      raise NodeCrashed(f"{name[0].upper()}{name[1:]} could not start ({start_failure(error)}). "
+                        "See the Ray logs under /tmp/ray/session_latest/logs.") from None
 
 
 def check_address(address: str, timeout_s: float = 3.0) -> None:

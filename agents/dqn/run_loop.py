@@ -283,10 +283,14 @@ def _drive(experiment, config, source: Source, start: float, run_checkpoints, ca
         evaluate(wait=True)
       if not final_eval_done():  # A signal stopped it: the resume evaluates.
         stop_if_signalled()
-    except callbacks_lib.CallbackError as error:
+    except (callbacks_lib.CallbackError, checkpoints.RunError) as error:
+      if isinstance(error, checkpoints.RunError) and not error.resumable:
+        raise
       saved_at, path = save()  # The run so far is kept: resume continues it.
       kept = (f"checkpoint saved to {path} (continue with `resume`)" if path else
               "checkpoints are off (`save_checkpoints`=False), nothing saved")
+      if isinstance(error, checkpoints.RunError):
+        raise type(error)(f"{error} At env step {saved_at} the run stopped; {kept}.") from None
       raise callbacks_lib.CallbackError(
           f"{error}, at env step {saved_at}: the run stopped; {kept}.") from error.__cause__
     wall_s = time.perf_counter() - start

@@ -211,3 +211,52 @@ def test_the_driver_stops_waiting_for_the_evaluator_when_a_signal_comes():
   assert source.finished_evals(wait=True, should_stop=lambda: source._ray.polls >= 2) == []
   assert source._ray.polls == 2  # pylint: disable=protected-access
   assert source.finished_evals(wait=True) == [(100, 50, [7.0])]
+
+
+class FailingSource(CountingSource):
+  """A CountingSource whose advance reaching `fail_at` raises `error`."""
+
+  def __init__(self, error, fail_at, **kwargs):
+    super().__init__(**kwargs)
+    self.error, self.fail_at = error, fail_at
+
+  def advance(self, target_steps, should_stop):
+    super().advance(target_steps, should_stop)
+    if self.env_steps >= self.fail_at:
+      raise self.error
+
+
+@pytest.mark.parametrize("resumable", [True, False])
+def test_a_run_error_saves_a_checkpoint_first_only_when_the_state_is_intact(tmp_path, resumable):
+  experiment = _experiment(tmp_path, total_steps=1000, log_every=100, checkpoint_every=1000)
+  error = checkpoints.RunError("The evaluator node died.", resumable=resumable)
+  with pytest.raises(checkpoints.RunError) as stopped:
+    _run(experiment, FailingSource(error, 300, total=1000, step=100))
+  saved = sorted(os.listdir(tmp_path / "run" / "checkpoints")) if resumable else None
+  if resumable:
+    assert saved == ["300"] and str(stopped.value) == (
+        f"The evaluator node died. At env step 300 the run stopped; checkpoint saved to "
+        f"{tmp_path / 'run' / 'checkpoints' / '300'} (continue with `resume`).")
+    resumed = _experiment(tmp_path, total_steps=1000, log_every=100, resume=True)
+    assert _run(resumed, CountingSource(total=1000, step=100))["resumed_from_step"] == 300
+  else:
+    assert stopped.value is error and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_the_driver_goes_on_without_an_actor_whose_restart_failed_until_none_is_left():
+  class DiedInItsConstructor(Exception):  # What Ray's ActorDiedError says of such an actor.
+    actor_init_failed = True
+
+    def __str__(self):
+      return ("The actor died because of an error raised in its creation task\n  File ...\n"
+              "agents.dqn.config.ConfigError: `num_envs`=9: too many. Use `num_envs` <= 3.")
+
+  source = DistributedSource.__new__(DistributedSource)  # Only the actors' fields.
+  source._actors, source._lost = ["actor 0", "actor 1"], []  # pylint: disable=protected-access
+  source._lose_actor(1, DiedInItsConstructor())  # pylint: disable=protected-access
+  assert source._lost == [1]  # pylint: disable=protected-access
+  with pytest.raises(checkpoints.RunError) as stopped:
+    source._lose_actor(0, DiedInItsConstructor())  # pylint: disable=protected-access
+  assert stopped.value.resumable and str(stopped.value) == (
+      "No actor node is left: actor 0 could not start again after a crash: `num_envs`=9: too "
+      "many. Use `num_envs` <= 3.")
