@@ -57,6 +57,7 @@ class DistributedSource(Source):
       networks = builder.make_networks(spec, experiment.env)  # Bad env/network: error here.
       if not address:  # The learner runs on this host (on a cluster its node checks its own).
         builder.check_learner_fits(networks, on_host=True)
+        ray_cluster.check_node_processes(num_actors)
     except ValueError as error:
       raise ConfigError(str(error)) from error
     builder.check_replay_fits(  # Before any node starts (the replay node checks its host too).

@@ -10,7 +10,9 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
+from agents.dqn.config import ConfigError
 from tests.fakes import ROOT
 
 TINY = os.path.join("tests", "configs", "tiny_distributed.cfg")
@@ -129,6 +131,22 @@ def test_replay_too_small_through_the_cli(tmp_path):
   result = subprocess.run(_cmd(f"--logdir={tmp_path / 'run'}", "--replay_capacity=230"),
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert result.returncode == 2 and "too small for the rate limiter" in result.stderr
+
+
+def test_more_actors_than_the_host_can_run_as_processes_are_refused_before_ray_starts(tmp_path):
+  from agents.dqn import ray_cluster  # pylint: disable=import-outside-toplevel
+  gib = 2**30
+  ray_cluster.check_node_processes(5, limit=10 * gib, process_bytes=gib)  # 9 GiB: 90%, fits.
+  with pytest.raises(ConfigError, match=r"`num_actors`=6: .* 10 of them .* need at least 10.0 GiB "
+                     r"\(1024 MiB each, .*\) and the host holds 10.0 GiB. Use `num_actors` <= 5,"):
+    ray_cluster.check_node_processes(6, limit=10 * gib, process_bytes=gib)
+  assert 50 * 2**20 < ray_cluster.private_memory_bytes() < 4 * gib  # This process, measured.
+  result = subprocess.run(_cmd(f"--logdir={tmp_path / 'run'}", "--num_actors=100000",
+                               "--replay_capacity=4000000"),
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  assert "error: --num_actors=100000: a Ray started on this machine runs" in result.stderr
+  assert not (tmp_path / "run" / "nodes.json").exists()  # No node started.
 
 
 # Variants beyond plain DQN ride on the fault tests below, which start their own programs anyway.
