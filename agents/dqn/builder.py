@@ -318,7 +318,7 @@ class DQNBuilder:
                                        reward_clip=c.reward_clip)
 
   def check_learner_fits(self, networks: networks_lib.Networks, on_host: bool = False,
-                         state=None) -> None:
+                         state=None, replay_bytes: int = 0) -> None:
     """Refuses, before allocating it, a learner whose network its memory cannot hold.
 
     Counted with `jax.eval_shape`: the learner's state (online and target
@@ -326,6 +326,7 @@ class DQNBuilder:
     an update the size of the parameters. The memory is as `check_replay_fits`
     says; the error names the largest parameter, which points at the flag. `state`: the
     state's shapes when the caller has them (`make_learner`'s trace of its init).
+    `replay_bytes`: a replay that shares the memory, counted beside the learner.
     """
     if state is None:
       state = jax.eval_shape(lambda: learning.init_training_state(  # Starts no JAX backend.
@@ -333,16 +334,21 @@ class DQNBuilder:
     params = xla_setup.nbytes(state.online_params)
     need = xla_setup.nbytes(state) + 2 * params
     limit, holder = xla_setup.memory_for_buffers(on_host)
-    if not limit or need <= 0.9 * limit:
+    if not limit or need + replay_bytes <= 0.9 * limit:
       return
     path, leaf = max(jax.tree_util.tree_leaves_with_path(state.online_params),
                      key=lambda item: item[1].size)
     name = "/".join(str(getattr(k, "key", k)) for k in path)
+    beside, replay = "", ""
+    if replay_bytes:
+      beside = f" beside the replay's {replay_bytes / 2**30:.1f} GiB,"
+      replay = ", or a smaller `replay_capacity`"
     raise ConfigError(
         f"The learner needs {need / 2**30:.1f} GiB (parameters {params / 2**30:.1f} GiB, "
-        f"the largest {name} of shape {tuple(leaf.shape)}) and {holder} holds "
+        f"the largest {name} of shape {tuple(leaf.shape)}){beside} and {holder} holds "
         f"{limit / 2**30:.1f} GiB. Use a smaller network (`hidden_sizes`, `torso`, "
-        "`iqn_num_cosines`) or fewer outputs per action (`num_atoms`, `num_quantiles`).")
+        "`iqn_num_cosines`) or fewer outputs per action (`num_atoms`, `num_quantiles`)"
+        f"{replay}.")
 
   def make_learner(self, networks: networks_lib.Networks,
                    replay_buffer: replay_lib.ReplayBuffer,
@@ -352,7 +358,10 @@ class DQNBuilder:
     # (shapes only) is checked first, and the call reuses it.
     init = jax.jit(learning.init_training_state, static_argnums=(0, 1, 3))
     args = (networks, optimizer, key, not self.config.pqn)
-    self.check_learner_fits(networks, state=jax.eval_shape(init, *args))
+    replay_bytes = (0 if self.config.pqn else  # The replay is on the same device.
+                    xla_setup.nbytes(replay_buffer.state))
+    self.check_learner_fits(networks, state=jax.eval_shape(init, *args),
+                            replay_bytes=replay_bytes)
     state = init(*args)
     learner_step = self.make_learner_step(networks, replay_buffer.replay, optimizer)
     return learning.Learner(learner_step, replay_buffer, state)

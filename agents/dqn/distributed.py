@@ -29,6 +29,7 @@ from acme_jax_dqn import checkpointing
 from acme_jax_dqn import envs
 from acme_jax_dqn import loggers
 from acme_jax_dqn import specs
+from acme_jax_dqn import xla_setup
 from agents.dqn import ray_cluster
 from agents.dqn import summary as summary_lib
 from agents.dqn.builder import DQNBuilder
@@ -55,13 +56,15 @@ class DistributedSource(Source):
       envs.batched.check_copies_fit(config.num_envs, getattr(probe, "copy_bytes", 0),
                                     makers=1 if address else num_actors)  # A local Ray: all.
       networks = builder.make_networks(spec, experiment.env)  # Bad env/network: error here.
-      if not address:  # The learner runs on this host (on a cluster its node checks its own).
-        builder.check_learner_fits(networks, on_host=True)
-        ray_cluster.check_node_processes(num_actors)
     except ValueError as error:
       raise ConfigError(str(error)) from error
-    builder.check_replay_fits(  # Before any node starts (the replay node checks its host too).
-        builder.make_replay(), builder.example_transition(spec), on_host=True)
+    replay, example = builder.make_replay(), builder.example_transition(spec)
+    # Before any node starts (the replay node checks its host too).
+    builder.check_replay_fits(replay, example, on_host=True)
+    if not address:  # Every node runs on this host (on a cluster the learner checks its own).
+      builder.check_learner_fits(networks, on_host=True, replay_bytes=xla_setup.nbytes(
+          jax.eval_shape(replay.init, example)))
+      ray_cluster.check_node_processes(num_actors)
     self._ray, self._started = ray_cluster.start_ray(address, experiment.compilation_cache_dir)
     self._node_handles: List[Any] = []
     try:

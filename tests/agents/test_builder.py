@@ -109,3 +109,14 @@ def test_the_learner_counts_six_times_its_parameters(monkeypatch, limit_in_param
   with pytest.raises(ConfigError, match=r"the largest mlp_torso/mlp/~/linear_1/w of shape "
                      r"\(2000, 2000\)\)"):
     builder.check_learner_fits(networks)
+
+
+def test_the_learner_is_counted_beside_a_replay_on_the_same_device(monkeypatch):
+  params = 4 * (4 * 2000 + 2000 + 2000 * 2000 + 2000 + 2000 * 2 + 2)
+  monkeypatch.setattr(xla_setup, "device_memory_bytes", lambda device: int(6.5 * params / 0.9))
+  builder = DQNBuilder(DQNConfig(hidden_sizes=(2000, 2000)))
+  networks = builder.make_networks(_cartpole_spec())
+  builder.check_learner_fits(networks, replay_bytes=params // 4)  # 6.25x: fits.
+  with pytest.raises(ConfigError, match=r"\(2000, 2000\)\) beside the replay's 0.0 GiB, and the "
+                     r"host holds .* or a smaller `replay_capacity`\.$"):
+    builder.check_learner_fits(networks, replay_bytes=params)  # 7x.
