@@ -326,7 +326,8 @@ class DQNBuilder:
     an update the size of the parameters. The memory is as `check_replay_fits`
     says; the error names the largest parameter, which points at the flag. `state`: the
     state's shapes when the caller has them (`make_learner`'s trace of its init).
-    `replay_bytes`: a replay that shares the memory, counted beside the learner.
+    `replay_bytes`: a replay that shares the memory, counted beside the learner (and
+    named when the learner alone would fit).
     """
     if state is None:
       state = jax.eval_shape(lambda: learning.init_training_state(  # Starts no JAX backend.
@@ -340,7 +341,7 @@ class DQNBuilder:
                      key=lambda item: item[1].size)
     name = "/".join(str(getattr(k, "key", k)) for k in path)
     beside, replay = "", ""
-    if replay_bytes:
+    if need <= 0.9 * limit:  # It would fit alone: the replay is part of the fix.
       beside = f" beside the replay's {replay_bytes / 2**30:.1f} GiB,"
       replay = ", or a smaller `replay_capacity`"
     raise ConfigError(
