@@ -21,6 +21,7 @@ it again); the others carry the run.
 
 import os
 import time
+import uuid
 from typing import Any, Callable, Dict, List, Optional
 
 import jax
@@ -77,20 +78,24 @@ class DistributedSource(Source):
     ray, experiment, config = self._ray, self._experiment, self._config
     seed, env_name = experiment.seed, experiment.env
     num_actors, insert_batch = experiment.num_actors, experiment.actor_insert_batch
-    variables = ray.remote(num_cpus=0)(VariableServer).remote()
-    self._replay = replay = ray.remote(num_cpus=0, max_restarts=0)(ReplayNode).remote(
-        config, spec, seed, num_actors, insert_batch, experiment.total_steps)
+    # The other nodes find these two by name: a handle among the constructor arguments of an
+    # actor Ray restarts ties the restart to Ray's lineage of that argument (Ray warns of it).
+    names = [f"acme_jax_dqn-{uuid.uuid4().hex}-{node}" for node in ("variables", "replay")]
+    variables = ray.remote(num_cpus=0)(VariableServer).options(name=names[0]).remote()
+    self._replay = replay = ray.remote(num_cpus=0, max_restarts=0)(ReplayNode).options(
+        name=names[1]).remote(config, spec, seed, num_actors, insert_batch,
+                              experiment.total_steps)
     self._learner = learner = ray.remote(
         num_cpus=0, max_restarts=LEARNER_RESTARTS, max_task_retries=0)(LearnerNode).remote(
-            config, spec, env_name, seed, replay, variables)
+            config, spec, env_name, seed, names[1], names[0])
     actor_options = {"num_cpus": 0, "max_restarts": -1, "max_task_retries": 0}
     if experiment.actor_resource:
       actor_options["resources"] = {experiment.actor_resource: 0.001}
     actor_cls = ray.remote(**actor_options)(ActorNode)
-    self._actors = [actor_cls.remote(i, num_actors, config, env_name, seed, replay, variables,
+    self._actors = [actor_cls.remote(i, num_actors, config, env_name, seed, names[1], names[0],
                                      insert_batch) for i in range(num_actors)]
     self._evaluator = ray.remote(num_cpus=0)(EvaluatorNode).remote(config, env_name, seed,
-                                                                   variables)
+                                                                   names[0])
     self._node_handles = [variables, replay, learner, self._evaluator, *self._actors]
     ray_cluster.wait_for_nodes(ray, {"the replay node": [replay], "the learner node": [learner],
                                      "an actor node": self._actors,

@@ -16,7 +16,8 @@ Each node builds its parts from the `DQNBuilder`, as the other run modes do:
   `DQNBuilder.make_epsilon_schedule`). It pulls parameters every
   `variable_update_period` calls. Actors restart after a crash (Ray
   `max_restarts`) and rejoin with fresh parameters.
-- EvaluatorNode runs greedy episodes on the latest parameters.
+- EvaluatorNode runs greedy episodes on the latest parameters. Nodes find
+  the replay node and the variable server by their Ray names.
 """
 
 import os
@@ -193,7 +194,7 @@ class LearnerNode:
   """The kit's jitted SGD step on batches from the replay node; publishes parameters."""
 
   def __init__(self, config: DQNConfig, spec: specs.EnvironmentSpec, env_name: str,
-               seed: int, replay, variables):
+               seed: int, replay: str, variables: str):
     xla_setup.run_xla_on_one_cpu_core()
     import ray  # pylint: disable=import-outside-toplevel
     self._ray = ray
@@ -206,7 +207,7 @@ class LearnerNode:
     self._steps_per_call = config.num_sgd_steps_per_step
     self._beta = builder.importance_sampling_exponent  # Of SGD steps (counts applied updates).
     self._state = learning.init_training_state(networks, optimizer, jax.random.PRNGKey(seed))
-    self._replay, self._variables = replay, variables
+    self._replay, self._variables = ray.get_actor(replay), ray.get_actor(variables)
     self._prioritized = config.prioritized
     self._steps = 0
     self._version = 0
@@ -294,7 +295,7 @@ class ActorNode:
   """Actor i: its env copies, the kit's actor and n-step adder; sends transitions in batches."""
 
   def __init__(self, actor_id: int, num_actors: int, config: DQNConfig, env_name: str,
-               seed: int, replay, variables, insert_batch: int):
+               seed: int, replay: str, variables: str, insert_batch: int):
     xla_setup.run_xla_on_one_cpu_core()
     import ray  # pylint: disable=import-outside-toplevel
     self._ray = ray
@@ -316,13 +317,13 @@ class ActorNode:
     self._pending_count = 0
     self._steps_since_send = 0
     self._actor = builder.make_actor(
-        networks, _RemoteVariables(variables),
+        networks, _RemoteVariables(ray.get_actor(variables)),
         seeding.derive_key(seed, seeding.Stream.ACTOR, *path),
         adder=builder.make_adder(self._stage, config.num_envs), num_envs=num_envs,
         actor_index=actor_id, num_actors=num_actors)
     self.epsilon = self._actor.epsilon  # At its first step (fixed with Ape-X epsilons).
     self._loop = loop_lib.EnvironmentLoop(self._environment, self._actor)
-    self._replay = replay
+    self._replay = ray.get_actor(replay)
     self._insert_batch = insert_batch
     self._sent_steps = 0
     self._closed = False
@@ -381,14 +382,15 @@ class ActorNode:
 class EvaluatorNode:
   """Greedy episodes with the newest parameters."""
 
-  def __init__(self, config: DQNConfig, env_name: str, seed: int, variables):
+  def __init__(self, config: DQNConfig, env_name: str, seed: int, variables: str):
     xla_setup.run_xla_on_one_cpu_core()
+    import ray  # pylint: disable=import-outside-toplevel
     self._environment = envs.make_environment(
         env_name, seed=seeding.derive_seed(seed, seeding.Stream.EVAL_ENV))
     spec = specs.make_environment_spec(self._environment)
     builder = DQNBuilder(config)
     networks = builder.make_networks(spec, env_name)
-    self._actor = builder.make_actor(networks, _RemoteVariables(variables),
+    self._actor = builder.make_actor(networks, _RemoteVariables(ray.get_actor(variables)),
                                      seeding.derive_key(seed, seeding.Stream.EVALUATOR),
                                      evaluation=True)
 
