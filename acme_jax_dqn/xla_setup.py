@@ -191,6 +191,13 @@ def memory_for_buffers(on_host: bool = False) -> Tuple[Optional[int], str]:
   return device_memory_bytes(device), "the host" if device.platform == "cpu" else "the device"
 
 
+def size_text(num_bytes: int) -> str:
+  """`num_bytes` in GiB, or in MiB below one GiB ("8.0 GiB", "15.3 MiB")."""
+  if num_bytes >= 2**30:
+    return f"{num_bytes / 2**30:.1f} GiB"
+  return f"{num_bytes / 2**20:.1f} MiB"
+
+
 def nbytes(tree) -> int:
   """Bytes of a tree of arrays or of their shapes (`jax.eval_shape`'s output); None counts 0."""
   return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))

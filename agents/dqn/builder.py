@@ -342,7 +342,7 @@ class DQNBuilder:
     name = "/".join(str(getattr(k, "key", k)) for k in path)
     beside, replay = "", ""
     if need <= 0.9 * limit:  # It would fit alone: the replay is part of the fix.
-      beside = f" beside the replay's {replay_bytes / 2**30:.1f} GiB,"
+      beside = f" beside the replay's {xla_setup.size_text(replay_bytes)},"
       replay = ", or a smaller `replay_capacity`"
     raise ConfigError(
         f"The learner needs {need / 2**30:.1f} GiB (parameters {params / 2**30:.1f} GiB, "

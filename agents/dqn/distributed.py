@@ -41,6 +41,7 @@ from agents.dqn.distributed_state import LEARNER_RESTARTS, LEARNER_SNAPSHOT_S, P
 from agents.dqn.ray_cluster import NodeCrashed
 from agents.dqn.run_loop import Source
 
+
 class DistributedSource(Source):
   """The Ray program, advanced one driver round at a time."""
 
@@ -105,7 +106,7 @@ class DistributedSource(Source):
                                         (replay, learner, self._actors))
     self._restarts = [0] * num_actors
     self._lost: List[int] = []  # Actors whose restart failed (Ray does not retry those).
-    self._failing = set()  # Actors whose last call failed.
+    self._pids = [info["pid"] for info in self._actor_info]  # A new pid: a restart.
     self._returns: List[float] = []
     os.makedirs(experiment.logdir, exist_ok=True)
     # Where each node runs (pid, Ray node), for operators and the fault test.
@@ -179,17 +180,15 @@ class DistributedSource(Source):
       else:
         i = self._pending.pop(ref)
         try:
-          self._returns.extend(ray.get(ref)["episode_returns"])
-          self._failing.discard(i)
+          result = ray.get(ref)
+          self._returns.extend(result["episode_returns"])
+          self._restarts[i] += int(result["pid"] != self._pids[i])  # A restarted process.
+          self._pids[i] = result["pid"]
         except ray.exceptions.RayActorError as error:
           if getattr(error, "actor_init_failed", False):  # Ray will not try it again.
             self._lose_actor(i, error)
             continue
-          # Ray restarts it (calls fail meanwhile: one restart until a call succeeds); its
-          # unsent transitions were never counted.
-          if i not in self._failing:
-            self._restarts[i] += 1
-            self._failing.add(i)
+          # Ray restarts it; its unsent transitions were never counted.
           self._program.resume_actors(self._stats["actor_steps"], only=i)
         self._pending[self._actors[i].run.remote(self._actor_chunk)] = i
     try:
@@ -224,12 +223,16 @@ class DistributedSource(Source):
     result = self._learner_result
     return (result.get("nonfinite_updates", 0), result.get("first_nonfinite_step", -1), "")
 
+  @property
+  def eval_running(self) -> bool:
+    return self._eval_ref is not None
+
   def _collect_eval(self) -> None:
     try:
       values = self._ray.get(self._eval_ref)
     except self._ray.exceptions.RayActorError as error:
-      raise NodeCrashed(f"The evaluator node died ({ray_cluster.start_failure(error)}).",
-                        resumable=True) from None
+      raise NodeCrashed(f"The evaluator node died ({ray_cluster.start_failure(error)}). See the "
+                        "Ray logs under /tmp/ray/session_latest/logs.", resumable=True) from None
     self._evals.append((*self._eval_at, values))
     self._eval_ref = None
 
@@ -266,7 +269,8 @@ class DistributedSource(Source):
     """Closes the replay, stops the actors and waits for the learner's last call."""
     ray = self._ray
     ray.get(self._replay.close.remote())
-    self._train_s = time.perf_counter() - self._train_start
+    # Zero when this start trained nothing (a resume of a run that had reached its end).
+    self._train_s = time.perf_counter() - (self._train_start or time.perf_counter())
     for handle in self._actors:
       ray.kill(handle, no_restart=True)
     try:
@@ -278,6 +282,9 @@ class DistributedSource(Source):
 
   def summary_fields(self, final_eval, wall_s, compile_s) -> Dict[str, Any]:
     stats, train_s, num_actors = self._stats, self._train_s, len(self._actors)
+
+    def per_s(count):  # 0 when this start trained nothing.
+      return count / train_s if train_s > 0 else 0.0
     actor_steps = {int(k): int(v) for k, v in stats["actor_steps"].items()}
     learner_state = self._program.learner_snapshot["state"]
     experiment = self._experiment
@@ -292,11 +299,11 @@ class DistributedSource(Source):
         actor_restarts_total=sum(self._restarts),
         actors_lost=self._lost,
         learner_restarts=self._program.learner_restarts,
-        learner_steps_per_s=self.learner_steps / train_s,
+        learner_steps_per_s=per_s(self.learner_steps),
         replay_inserts=stats["inserted"], replay_samples=stats["sampled"],
-        replay_inserts_per_s=stats["inserted"] / train_s,
-        replay_samples_per_s=stats["sampled"] / train_s,
-        actor_sps=stats["env_steps"] / train_s,
+        replay_inserts_per_s=per_s(stats["inserted"]),
+        replay_samples_per_s=per_s(stats["sampled"]),
+        actor_sps=per_s(stats["env_steps"]),
         ray_address=experiment.ray_address or os.environ.get("RAY_ADDRESS", "") or "local",
         params_checksum=checkpointing.params_checksum(learner_state.online_params),
         nonfinite_updates=self._learner_result.get("nonfinite_updates", 0))

@@ -11,13 +11,12 @@ Each node builds its parts from the `DQNBuilder`, as the other run modes do:
 - LearnerNode runs the builder's learner call on batches sampled by the
   replay node, sends the new priorities back, and publishes parameters to
   the VariableServer.
-- ActorNode i steps its own `num_envs` environment copies with the
-  builder's actor, adder and epsilons (actor i of `num_actors`: see
-  `DQNBuilder.make_epsilon_schedule`). It pulls parameters every
-  `variable_update_period` calls. Actors restart after a crash (Ray
+- ActorNode i steps its own `num_envs` environment copies with the builder's actor, adder
+  and epsilons (actor i of `num_actors`: see `DQNBuilder.make_epsilon_schedule`). It pulls
+  parameters every `variable_update_period` calls. Actors restart after a crash (Ray
   `max_restarts`) and rejoin with fresh parameters.
-- EvaluatorNode runs greedy episodes on the latest parameters. Nodes find
-  the replay node and the variable server by their Ray names.
+- EvaluatorNode runs greedy episodes on the latest parameters. Nodes find the replay node
+  and the variable server by their Ray names.
 """
 
 import os
@@ -367,7 +366,7 @@ class ActorNode:
     if self._closed:
       self._wait_for_insert()
     return {"actor_id": self.actor_id, "episode_returns": [e["episode_return"] for e in episodes],
-            "sent_steps": self._sent_steps, "closed": self._closed}
+            "sent_steps": self._sent_steps, "closed": self._closed, "pid": os.getpid()}
 
   def set_steps(self, num_steps: int) -> None:
     """Continues the epsilon schedule from `num_steps` of this actor (resume or restart)."""
@@ -385,8 +384,11 @@ class EvaluatorNode:
   def __init__(self, config: DQNConfig, env_name: str, seed: int, variables: str):
     xla_setup.run_xla_on_one_cpu_core()
     import ray  # pylint: disable=import-outside-toplevel
-    self._environment = envs.make_environment(
-        env_name, seed=seeding.derive_seed(seed, seeding.Stream.EVAL_ENV))
+    try:  # Refused on this host, as an actor's copies are.
+      self._environment = envs.make_environment(
+          env_name, seed=seeding.derive_seed(seed, seeding.Stream.EVAL_ENV))
+    except ValueError as error:
+      raise ConfigError(str(error)) from None
     spec = specs.make_environment_spec(self._environment)
     builder = DQNBuilder(config)
     networks = builder.make_networks(spec, env_name)

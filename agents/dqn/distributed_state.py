@@ -123,11 +123,10 @@ class ProgramCheckpoints:
                                                 self.learner_snapshot["learner_steps"]),
                   timeout=left)
         return
-      except ray.exceptions.ActorDiedError as error:
-        if not getattr(error, "actor_init_failed", False):
-          raise
+      except ray.exceptions.ActorDiedError as error:  # For good: Ray will not try it again.
         raise NodeCrashed(f"The learner node could not start again after a crash: "
-                          f"{start_failure(error)}") from None
+                          f"{start_failure(error)}. See the Ray logs under "
+                          "/tmp/ray/session_latest/logs.") from None
       except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError) as error:
         if time.time() > deadline:  # Still restarting after the timeout.
           raise NodeCrashed(f"The learner node did not come back within {timeout_s:.0f} s "

@@ -97,14 +97,15 @@ def check_node_processes(num_actors: int, limit: Optional[int] = None,
   process_bytes = private_memory_bytes() if process_bytes is None else process_bytes
   processes = num_actors + NODES_BESIDE_ACTORS
   if limit and process_bytes and processes * process_bytes > 0.9 * limit:
-    most = max(int(0.9 * limit) // process_bytes - NODES_BESIDE_ACTORS, 0)
+    most = int(0.9 * limit) // process_bytes - NODES_BESIDE_ACTORS
+    fix = (f"Use `num_actors` <= {most}, or a cluster (`ray_address`)." if most >= 1 else
+           "Not one actor fits beside the other nodes here: use a cluster (`ray_address`).")
     raise ConfigError(
         f"`num_actors`={num_actors}: a Ray started on this machine runs every node as a "
         f"process, and {processes:,} of them (the actors, the replay, the learner, the "
         f"evaluator and the variable server) need at least {processes * process_bytes / 2**30:,.1f}"
         f" GiB ({process_bytes / 2**20:.0f} MiB each, what this process holds after its imports)"
-        f" and the host holds {limit / 2**30:.1f} GiB. Use `num_actors` <= {most}, or a "
-        "cluster (`ray_address`).")
+        f" and the host holds {limit / 2**30:.1f} GiB. {fix}")
 
 
 def start_ray(address: str, compilation_cache_dir: str = ""):

@@ -40,6 +40,8 @@ class Source(abc.ABC):
   per seed), `eval_slack` (env steps an evaluation may come early: chunk
   ends fall near, not on, its multiples) and `row_every_advance` (a
   train.csv row after every advance, not only every `log_every`).
+  `eval_running`: an evaluation started and not yet collected (a run that
+  stops then saves it as due).
   """
   env_steps = 0
   learner_steps = 0
@@ -48,6 +50,7 @@ class Source(abc.ABC):
   seeds: Optional[Sequence[int]] = None
   eval_slack = 0
   row_every_advance = False
+  eval_running = False
 
   @abc.abstractmethod
   def restore(self, run_checkpoints) -> Tuple[Dict[str, Any], int]:
@@ -204,11 +207,13 @@ def _drive(experiment, config, source: Source, start: float, run_checkpoints, ca
     count, first, where = source.nonfinite()
     run_checkpoints.check_finite(count, first, f" ({where}env step <= {source.env_steps})")
 
-  def save() -> Tuple[int, Optional[str]]:
+  def save(stopping: bool = False) -> Tuple[int, Optional[str]]:
     env_steps, arrays, host, meta, params = source.checkpoint()
     check_finite()  # Never save a non-finite state over the last good checkpoint.
-    # An evaluation due here has not run (a signal stopped it, or one is still running).
+    # An evaluation due here has not run (a signal stopped it, or one is still running; a
+    # run that stops now never collects the running one).
     due = not final_eval_done() and (source.done or callbacks.stop_requested or (
+        stopping and source.eval_running) or (
         next_eval is not None and env_steps + source.eval_slack >= next_eval))
     path = run_checkpoints.save(env_steps, arrays,
                                 {**host, "eval_rows": eval_rows, "eval_due": due},
@@ -228,7 +233,7 @@ def _drive(experiment, config, source: Source, start: float, run_checkpoints, ca
 
   def stop_if_signalled() -> None:
     if preemption.requested():
-      saved_at, path = save()
+      saved_at, path = save(stopping=True)
       raise checkpoints.RunInterrupted(preemption.signum, saved_at, path)
 
   # Signals are held from here to the final checkpoint: SIGTERM or Ctrl-C
@@ -286,7 +291,7 @@ def _drive(experiment, config, source: Source, start: float, run_checkpoints, ca
     except (callbacks_lib.CallbackError, checkpoints.RunError) as error:
       if isinstance(error, checkpoints.RunError) and not error.resumable:
         raise
-      saved_at, path = save()  # The run so far is kept: resume continues it.
+      saved_at, path = save(stopping=True)  # The run so far is kept: resume continues it.
       kept = (f"checkpoint saved to {path} (continue with `resume`)" if path else
               "checkpoints are off (`save_checkpoints`=False), nothing saved")
       if isinstance(error, checkpoints.RunError):

@@ -117,6 +117,6 @@ def test_the_learner_is_counted_beside_a_replay_on_the_same_device(monkeypatch):
   builder = DQNBuilder(DQNConfig(hidden_sizes=(2000, 2000)))
   networks = builder.make_networks(_cartpole_spec())
   builder.check_learner_fits(networks, replay_bytes=params // 4)  # 6.25x: fits.
-  with pytest.raises(ConfigError, match=r"\(2000, 2000\)\) beside the replay's 0.0 GiB, and the "
+  with pytest.raises(ConfigError, match=r"\(2000, 2000\)\) beside the replay's 15.3 MiB, and the "
                      r"host holds .* or a smaller `replay_capacity`\.$"):
     builder.check_learner_fits(networks, replay_bytes=params)  # 7x.

@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -260,3 +261,76 @@ def test_the_driver_goes_on_without_an_actor_whose_restart_failed_until_none_is_
   assert stopped.value.resumable and str(stopped.value) == (
       "No actor node is left: actor 0 could not start again after a crash: `num_envs`=9: too "
       "many. Use `num_envs` <= 3.")
+
+
+def test_the_driver_counts_a_restart_when_a_new_process_answers_and_drops_a_lost_actor():
+  """Calls fail while Ray restarts actor 0 (one restart, seen by its new pid); actor 1's restart
+  fails in its constructor, so it gets no more calls."""
+  class RayActorError(Exception):
+    actor_init_failed = False
+
+  class InitFailed(RayActorError):
+    actor_init_failed = True
+
+    def __str__(self):
+      return "agents.dqn.config.ConfigError: `num_envs`=9: too many. Use `num_envs` <= 3."
+
+  outcomes = {0: [RayActorError(), RayActorError(), 200, 200, 200], 1: [InitFailed()]}
+  calls = {0: 0, 1: 0}
+
+  class Actor:
+    def __init__(self, i):
+      self.i = i
+      self.run = types.SimpleNamespace(remote=self.remote)
+
+    def remote(self, steps):
+      del steps
+      calls[self.i] += 1
+      return (self.i, outcomes[self.i].pop(0))
+
+  class Ray:
+    exceptions = types.SimpleNamespace(RayActorError=RayActorError, RayError=Exception)
+
+    def wait(self, refs, num_returns, timeout):
+      del num_returns, timeout
+      return refs[:1], refs[1:]  # The actors' calls, oldest first; the learner's never.
+
+    def get(self, ref):
+      if ref == "stats":
+        return {"env_steps": 0, "actor_steps": {}}
+      outcome = ref[1]
+      if isinstance(outcome, Exception):
+        raise outcome
+      return {"episode_returns": [], "pid": outcome}
+
+  source = DistributedSource.__new__(DistributedSource)  # Only what a driver round reads.
+  # pylint: disable=protected-access
+  actors = [Actor(0), Actor(1)]
+  source._ray, source._actors, source._actor_chunk = Ray(), actors, 50
+  source._pending = {actor.remote(50): actor.i for actor in actors}
+  source._learner_ref, source._eval_ref, source._train_start = "learner", None, 0.0
+  source._restarts, source._pids, source._lost, source._returns = [0, 0], [100, 101], [], []
+  source._stats = {"actor_steps": {}}
+  source._replay = types.SimpleNamespace(stats=types.SimpleNamespace(remote=lambda: "stats"))
+  resumed = []
+  source._program = types.SimpleNamespace(
+      resume_actors=lambda steps, only: resumed.append(only), snapshot_at=time.time())
+  source._experiment = types.SimpleNamespace(total_steps=10**6, max_learner_steps=0)
+  source._learner_result = {"learner_steps": 0}
+  for _ in range(5):
+    source.advance(0, None)
+  assert source._restarts == [1, 0] and source._lost == [1]
+  assert calls == {0: 5, 1: 1}  # Actor 1 got no call after its failed restart.
+  assert resumed == [0, 0]  # Actor 0 continues its epsilon schedule after each failed call.
+
+
+def test_an_evaluation_still_running_when_the_run_stops_is_made_up_on_resume(tmp_path):
+  experiment = _experiment(tmp_path, total_steps=1000, log_every=100, eval_every=1000)
+  source = FailingSource(checkpoints.RunError("The evaluator node died.", resumable=True), 300,
+                         total=1000, step=100)
+  source.eval_running = True  # Started, never collected.
+  with pytest.raises(checkpoints.RunError):
+    _run(experiment, source)
+  resumed = _experiment(tmp_path, total_steps=1000, log_every=100, eval_every=1000, resume=True)
+  _run(resumed, CountingSource(total=1000, step=100))
+  assert _column(tmp_path / "run" / "eval.csv", "env_steps") == [300, 1000]

@@ -51,7 +51,7 @@ def test_killed_actor_restarts_and_the_counts_add_up(tmp_path):
   process, stdout, stderr = _kill_node_mid_run(logdir, 6000, lambda n: n["actors"][0], 300)
   assert process.returncode == 0, (stdout[-2000:], stderr[-3000:])
   summary = json.loads((logdir / "summary.json").read_text())
-  # One restart, however many calls failed while Ray restarted the actor.
+  # One restart (a new process rejoined), however many calls failed while Ray restarted it.
   assert summary["actor_restarts"] == [1, 0] and summary["actor_restarts_total"] == 1
   assert summary["actors_lost"] == []
   # The replay counts env steps only for accepted inserts, once each.
@@ -74,8 +74,8 @@ def test_an_actor_whose_restart_is_refused_is_left_out_and_the_run_completes(tmp
   assert ("warning: actor 0 could not start again after a crash: --num_envs=1: this host cannot "
           "hold the copies. Use another host. The run goes on with 1 of 2 actors.") in stderr
   summary = json.loads((logdir / "summary.json").read_text())
-  # The call the kill cut counts a restart; Ray's restart then failed in the constructor.
-  assert summary["actors_lost"] == [0] and summary["actor_restarts"] == [1, 0]
+  # Ray's restart failed in the constructor: no new process of actor 0 rejoined.
+  assert summary["actors_lost"] == [0] and summary["actor_restarts"] == [0, 0]
   assert summary["env_steps"] == sum(summary["actor_steps"]) >= 12000
 
 
@@ -136,6 +136,9 @@ def test_more_actors_than_the_host_can_run_as_processes_are_refused_before_ray_s
   from agents.dqn import ray_cluster  # pylint: disable=import-outside-toplevel
   gib = 2**30
   ray_cluster.check_node_processes(5, limit=10 * gib, process_bytes=gib)  # 9 GiB: 90%, fits.
+  with pytest.raises(ConfigError, match=r"Not one actor fits beside the other nodes here: use a "
+                     r"cluster \(`ray_address`\)\.$"):
+    ray_cluster.check_node_processes(1, limit=5 * gib, process_bytes=gib)  # 4.5 GiB: 4 nodes.
   with pytest.raises(ConfigError, match=r"`num_actors`=6: .* 10 of them .* need at least 10.0 GiB "
                      r"\(1024 MiB each, .*\) and the host holds 10.0 GiB. Use `num_actors` <= 5,"):
     ray_cluster.check_node_processes(6, limit=10 * gib, process_bytes=gib)
@@ -221,6 +224,13 @@ def test_sigkill_after_a_checkpoint_then_resume_counts_every_step_once(tmp_path)
   after = [int(r["learner_steps"]) for r in rows if int(r["env_steps"]) > saved]
   assert before and after and after[0] >= before[-1] > 0  # Continued, not from 0.
   assert np.isfinite(float(rows[-1]["loss"]))
+  # A resume of the finished run trains nothing and ends at once, with its summary.
+  again = subprocess.run(_cmd(*args, "--resume"), cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+  assert again.returncode == 0, again.stderr[-3000:]
+  summary = json.loads((logdir / "summary.json").read_text())
+  assert summary["env_steps_this_start"] == 0 and summary["learner_steps_per_s"] == 0.0
+  assert summary["resumed_from_step"] == summary["env_steps"] >= 3000
 
 
 def test_the_distributed_cartpole_preset_learns(tmp_path):
