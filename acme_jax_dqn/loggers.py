@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, TextIO
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TextIO
 
 LOGGERS = ("terminal", "csv", "tensorboard", "wandb")
 
@@ -48,9 +48,9 @@ class CSVLogger:
   """Writes rows to a CSV file; the columns are fixed by the first row written.
 
   A new logger starts the file afresh. With `keep_rows_up_to=S` (a resumed
-  run) it keeps the rows whose `step_key` is at most S, drops later ones
-  (written after the checkpoint the run resumes from), and appends, so no
-  step appears twice.
+  run) it keeps the rows whose `step_key` is at most S (`kept_rows`), drops
+  later ones (written after the checkpoint the run resumes from), and
+  appends, so no step appears twice.
   """
 
   def __init__(self, path: str, keep_rows_up_to: Optional[float] = None,
@@ -60,6 +60,7 @@ class CSVLogger:
     self._file = None
     self._writer = None
     self._fieldnames = None
+    self.kept_rows: List[Dict[str, str]] = []
     if keep_rows_up_to is not None and os.path.exists(path):
       self._fieldnames = self._truncate(keep_rows_up_to, step_key)
 
@@ -82,6 +83,7 @@ class CSVLogger:
       writer.writeheader()
       writer.writerows(rows)
     os.replace(tmp, self.path)
+    self.kept_rows = rows
     return fieldnames
 
   def write(self, values: Mapping[str, Any]) -> None:
@@ -314,8 +316,7 @@ class RunLoggers:
     self._streams = []  # Loggers with write(label, row).
     try:
       if "tensorboard" in names:
-        purge = 0 if resumed_from is None else resumed_from + 1
-        self._streams.append(TensorBoardLogger(logdir, purge_step=purge))
+        self._streams.append(self._tensorboard(logdir, resumed_from, eval_rows_up_to))
       if "wandb" in names:
         self._streams.append(WandbLogger(logdir, wandb_project, wandb_mode,
                                          run_name or os.path.basename(os.path.abspath(logdir)),
@@ -323,6 +324,30 @@ class RunLoggers:
     except BaseException:
       self.close()  # What was opened before the failure.
       raise
+
+  def _tensorboard(self, logdir: str, resumed_from: Optional[int],
+                   eval_rows_up_to: Optional[int]) -> "TensorBoardLogger":
+    """TensorBoard events from the resumed step on hidden; a made-up evaluation's step too.
+
+    A resumed run that makes up the evaluation at its checkpoint's step S
+    (`eval_rows_up_to` < S) hides events from S on, so that one an earlier
+    resume made up is not shown twice, and writes train.csv's rows at S again.
+    """
+    if resumed_from is None:
+      return TensorBoardLogger(logdir, purge_step=0)
+    if eval_rows_up_to is None or "train" not in self._csv:
+      return TensorBoardLogger(logdir, purge_step=resumed_from + 1)
+    tensorboard = TensorBoardLogger(logdir, purge_step=resumed_from)
+    for row in self._csv["train"].kept_rows:
+      values = {}
+      for key, text in row.items():
+        try:
+          values[key] = float(text)
+        except (TypeError, ValueError):
+          pass
+      if values.get("env_steps") == resumed_from:
+        tensorboard.write("train", values)
+    return tensorboard
 
   def _write(self, label: str, row: Mapping[str, Any]) -> None:
     if label in self._csv:

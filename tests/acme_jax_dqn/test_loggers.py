@@ -66,6 +66,32 @@ def test_tensorboard_and_csv_agree_after_a_resume_and_after_a_fresh_rerun(tmp_pa
   assert csv_rows() == _scalars(tmp_path, "train/loss") == [(100, 3.0)]
 
 
+def test_an_evaluation_made_up_by_two_resumes_shows_once_in_tensorboard(tmp_path):
+  """A run stopped in its evaluation at 200 (checkpoint 200, evaluation due) is resumed twice
+  from that checkpoint (the second extends the first); each makes the evaluation up."""
+
+  def log(resumed_from, train, evals):
+    run_log = loggers.RunLoggers(str(tmp_path), ["csv", "tensorboard"], 1000, quiet=True,
+                                 resumed_from=resumed_from,
+                                 eval_rows_up_to=None if resumed_from is None else 199)
+    for step, value in evals:
+      run_log.eval({"env_steps": step, "eval_return_mean": value})
+    for step, loss in train:
+      run_log.train({"env_steps": step, "loss": loss})
+    run_log.close()
+
+  log(None, [(100, 1.0), (200, 1.0)], [(100, 10.0)])
+  log(200, [], [(200, 20.0)])
+  log(200, [(300, 3.0)], [(200, 21.0), (300, 30.0)])
+  expected = [(100, 10.0), (200, 21.0), (300, 30.0)]
+  assert _scalars(tmp_path, "eval/eval_return_mean") == expected
+  with open(tmp_path / "eval.csv") as f:
+    assert [(int(r["env_steps"]), float(r["eval_return_mean"]))
+            for r in csv.DictReader(f)] == expected
+  # The train row at 200, hidden with the evaluation's step, is written again.
+  assert _scalars(tmp_path, "train/loss") == [(100, 1.0), (200, 1.0), (300, 3.0)]
+
+
 class _FakeWandbRun:
 
   def __init__(self):
