@@ -318,7 +318,7 @@ class DQNBuilder:
                                        reward_clip=c.reward_clip)
 
   def check_learner_fits(self, networks: networks_lib.Networks, on_host: bool = False,
-                         state=None, replay_bytes: int = 0) -> None:
+                         state=None, replay_bytes: int = 0, param_copies: int = 0) -> None:
     """Refuses, before allocating it, a learner whose network its memory cannot hold.
 
     Counted with `jax.eval_shape`: the learner's state (online and target
@@ -326,8 +326,9 @@ class DQNBuilder:
     an update the size of the parameters. The memory is as `check_replay_fits`
     says; the error names the largest parameter, which points at the flag. `state`: the
     state's shapes when the caller has them (`make_learner`'s trace of its init).
-    `replay_bytes`: a replay that shares the memory, counted beside the learner (and
-    named when the learner alone would fit).
+    Counted beside it, in the same memory: a replay of `replay_bytes` and
+    `param_copies` copies of the parameters (a distributed run's other nodes
+    on this host); named when the learner alone would fit.
     """
     if state is None:
       state = jax.eval_shape(lambda: learning.init_training_state(  # Starts no JAX backend.
@@ -335,21 +336,28 @@ class DQNBuilder:
     params = xla_setup.nbytes(state.online_params)
     need = xla_setup.nbytes(state) + 2 * params
     limit, holder = xla_setup.memory_for_buffers(on_host)
-    if not limit or need + replay_bytes <= 0.9 * limit:
+    if not limit or need + replay_bytes + param_copies * params <= 0.9 * limit:
       return
     path, leaf = max(jax.tree_util.tree_leaves_with_path(state.online_params),
                      key=lambda item: item[1].size)
     name = "/".join(str(getattr(k, "key", k)) for k in path)
-    beside, replay = "", ""
-    if need <= 0.9 * limit:  # It would fit alone: the replay is part of the fix.
-      beside = f" beside the replay's {xla_setup.size_text(replay_bytes)},"
-      replay = ", or a smaller `replay_capacity`"
+    beside, fewer, parts = "", "", []
+    if need <= 0.9 * limit:  # It would fit alone: what is beside it (1% or more) is the fix.
+      if replay_bytes >= 0.01 * limit:
+        parts.append(f"the replay's {xla_setup.size_text(replay_bytes)}")
+        fewer = ", or a smaller `replay_capacity`"
+      if param_copies * params >= 0.01 * limit:
+        parts.append(f"{param_copies} more copies of the parameters "
+                     f"({xla_setup.size_text(param_copies * params)}: the driver's snapshot of "
+                     "the learner, the variable server, the actors and the evaluator)")
+        fewer += ", or fewer `num_actors`"
+      beside = f" beside {' and '.join(parts)}," if parts else ""
     raise ConfigError(
         f"The learner needs {need / 2**30:.1f} GiB (parameters {params / 2**30:.1f} GiB, "
         f"the largest {name} of shape {tuple(leaf.shape)}){beside} and {holder} holds "
         f"{limit / 2**30:.1f} GiB. Use a smaller network (`hidden_sizes`, `torso`, "
         "`iqn_num_cosines`) or fewer outputs per action (`num_atoms`, `num_quantiles`)"
-        f"{replay}.")
+        f"{fewer}.")
 
   def make_learner(self, networks: networks_lib.Networks,
                    replay_buffer: replay_lib.ReplayBuffer,

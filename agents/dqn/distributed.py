@@ -64,8 +64,10 @@ class DistributedSource(Source):
     # Before any node starts (the replay node checks its host too).
     builder.check_replay_fits(replay, example, on_host=True)
     if not address:  # Every node runs on this host (on a cluster the learner checks its own).
-      builder.check_learner_fits(networks, on_host=True, replay_bytes=xla_setup.nbytes(
-          jax.eval_shape(replay.init, example)))
+      builder.check_learner_fits(  # Parameters beside: PARAM_COPIES_BESIDE_ACTORS + actors'.
+          networks, on_host=True, replay_bytes=xla_setup.nbytes(
+              jax.eval_shape(replay.init, example)),
+          param_copies=ray_cluster.PARAM_COPIES_BESIDE_ACTORS + num_actors)
       ray_cluster.check_node_processes(num_actors)
     self._ray, self._started = ray_cluster.start_ray(address, experiment.compilation_cache_dir)
     self._node_handles: List[Any] = []

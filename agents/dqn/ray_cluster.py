@@ -38,8 +38,9 @@ def start_failure(error: Exception) -> str:
 def wait_for_nodes(ray, nodes: Dict[str, List]) -> None:
   """Waits until every node has started: one that refused the run gives a ConfigError.
 
-  `nodes`: {what to call one of them ("the learner node"): their handles}. A node that failed to start
-  for another reason gives NodeCrashed, with its error's last line.
+  `nodes`: {what to call one of them ("the learner node"): their handles}. A
+  node that failed to start for another reason gives NodeCrashed, with its
+  error's last line.
   """
   for name, handles in nodes.items():
     try:
@@ -71,6 +72,9 @@ def check_address(address: str, timeout_s: float = 3.0) -> None:
 
 
 NODES_BESIDE_ACTORS = 4  # The replay, the learner, the evaluator and the variable server.
+# Copies of the parameters beside the learner's and the actors' one each: the driver's snapshot
+# of the learner's state (online, target, two Adam moments), the variable server's, the evaluator's.
+PARAM_COPIES_BESIDE_ACTORS = 6
 
 
 def private_memory_bytes() -> Optional[int]:

@@ -120,3 +120,15 @@ def test_the_learner_is_counted_beside_a_replay_on_the_same_device(monkeypatch):
   with pytest.raises(ConfigError, match=r"\(2000, 2000\)\) beside the replay's 15.3 MiB, and the "
                      r"host holds .* or a smaller `replay_capacity`\.$"):
     builder.check_learner_fits(networks, replay_bytes=params)  # 7x.
+
+
+def test_a_local_rays_other_parameter_copies_are_counted_beside_the_learner(monkeypatch):
+  params = 4 * (4 * 2000 + 2000 + 2000 * 2000 + 2000 + 2000 * 2 + 2)
+  monkeypatch.setattr(xla_setup, "host_memory_bytes", lambda: int(8.5 * params / 0.9))
+  builder = DQNBuilder(DQNConfig(hidden_sizes=(2000, 2000)))
+  networks = builder.make_networks(_cartpole_spec())
+  builder.check_learner_fits(networks, on_host=True, param_copies=2)  # 6 + 2: fits.
+  with pytest.raises(ConfigError, match=r"\(2000, 2000\)\) beside the replay's 15.3 MiB and 2 more "
+                     r"copies of the parameters \(30.6 MiB: the driver's snapshot .*\), and the "
+                     r"host holds .* or a smaller `replay_capacity`, or fewer `num_actors`\.$"):
+    builder.check_learner_fits(networks, on_host=True, replay_bytes=params, param_copies=2)
