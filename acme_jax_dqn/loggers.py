@@ -169,7 +169,8 @@ class TensorBoardLogger:
   shows every run. TensorBoard hides earlier events at steps from
   `purge_step` on: a resumed run passes its checkpoint's step + 1 (what the
   interrupted run logged after its checkpoint goes, as
-  `CSVLogger(keep_rows_up_to=...)` drops those CSV rows), a new run 0 (an
+  `CSVLogger(keep_rows_up_to=...)` drops those CSV rows; the step itself
+  when it makes up the evaluation there, see `RunLoggers`), a new run 0 (an
   earlier run's events in the same logdir go, as its CSV files are rewritten).
   """
 
@@ -327,12 +328,9 @@ class RunLoggers:
 
   def _tensorboard(self, logdir: str, resumed_from: Optional[int],
                    eval_rows_up_to: Optional[int]) -> "TensorBoardLogger":
-    """TensorBoard events from the resumed step on hidden; a made-up evaluation's step too.
-
-    A resumed run that makes up the evaluation at its checkpoint's step S
-    (`eval_rows_up_to` < S) hides events from S on, so that one an earlier
-    resume made up is not shown twice, and writes train.csv's rows at S again.
-    """
+    """TensorBoard, hiding events after the resumed step S; with `eval_rows_up_to` (a resume
+    that makes up the evaluation at S) from S on, so that one an earlier resume made up does
+    not show twice, and train.csv's rows at S are written again."""
     if resumed_from is None:
       return TensorBoardLogger(logdir, purge_step=0)
     if eval_rows_up_to is None or "train" not in self._csv:
@@ -347,6 +345,7 @@ class RunLoggers:
           pass
       if values.get("env_steps") == resumed_from:
         tensorboard.write("train", values)
+    self._csv["train"].kept_rows = []  # Read once.
     return tensorboard
 
   def _write(self, label: str, row: Mapping[str, Any]) -> None:

@@ -318,7 +318,7 @@ class DQNBuilder:
                                        reward_clip=c.reward_clip)
 
   def check_learner_fits(self, networks: networks_lib.Networks, on_host: bool = False,
-                         state=None, replay_bytes: int = 0, param_copies: int = 0) -> None:
+                         state=None, replay_bytes: int = 0, num_actors: int = 0) -> None:
     """Refuses, before allocating it, a learner whose network its memory cannot hold.
 
     Counted with `jax.eval_shape`: the learner's state (online and target
@@ -326,31 +326,39 @@ class DQNBuilder:
     an update the size of the parameters. The memory is as `check_replay_fits`
     says; the error names the largest parameter, which points at the flag. `state`: the
     state's shapes when the caller has them (`make_learner`'s trace of its init).
-    Counted beside it, in the same memory: a replay of `replay_bytes` and
-    `param_copies` copies of the parameters (a distributed run's other nodes
-    on this host); named when the learner alone would fit.
+    Counted beside it, in the same memory: a replay of `replay_bytes` and, with
+    `num_actors` (a distributed run whose nodes all share this host), the
+    driver's two snapshots of the learner's state (the newest and the one it
+    replaces) and a copy of the parameters in the variable server, the
+    evaluator and each actor; named when the learner alone would fit.
     """
     if state is None:
       state = jax.eval_shape(lambda: learning.init_training_state(  # Starts no JAX backend.
           networks, self.make_optimizer(), jax.random.PRNGKey(0), not self.config.pqn))
-    params = xla_setup.nbytes(state.online_params)
-    need = xla_setup.nbytes(state) + 2 * params
+    params, state_bytes = xla_setup.nbytes(state.online_params), xla_setup.nbytes(state)
+    need = state_bytes + 2 * params
+    nodes = (2 * state_bytes + 2 * params) if num_actors else 0  # Beside the actors' copies.
     limit, holder = xla_setup.memory_for_buffers(on_host)
-    if not limit or need + replay_bytes + param_copies * params <= 0.9 * limit:
+    if not limit or need + replay_bytes + nodes + num_actors * params <= 0.9 * limit:
       return
     path, leaf = max(jax.tree_util.tree_leaves_with_path(state.online_params),
                      key=lambda item: item[1].size)
     name = "/".join(str(getattr(k, "key", k)) for k in path)
     beside, fewer, parts = "", "", []
-    if need <= 0.9 * limit:  # It would fit alone: what is beside it (1% or more) is the fix.
-      if replay_bytes >= 0.01 * limit:
+    others = nodes + num_actors * params
+    # Named when the learner would fit alone: what is beside it (1% of the memory or more, or
+    # all of it when each part is less) is the fix.
+    least = 0.01 * limit if max(replay_bytes, others) >= 0.01 * limit else 1
+    if need <= 0.9 * limit:
+      if replay_bytes >= least:
         parts.append(f"the replay's {xla_setup.size_text(replay_bytes)}")
         fewer = ", or a smaller `replay_capacity`"
-      if param_copies * params >= 0.01 * limit:
-        parts.append(f"{param_copies} more copies of the parameters "
-                     f"({xla_setup.size_text(param_copies * params)}: the driver's snapshot of "
-                     "the learner, the variable server, the actors and the evaluator)")
-        fewer += ", or fewer `num_actors`"
+      if others >= least:
+        parts.append(f"the other nodes' {xla_setup.size_text(others)} (the driver's two "
+                     f"snapshots of the learner's state, and the parameters in the variable "
+                     f"server, the evaluator and each of {num_actors} actors)")
+        most = int((0.9 * limit - need - replay_bytes - nodes) // params)
+        fewer += f", or `num_actors` <= {most}" if 1 <= most < num_actors else ""
       beside = f" beside {' and '.join(parts)}," if parts else ""
     raise ConfigError(
         f"The learner needs {need / 2**30:.1f} GiB (parameters {params / 2**30:.1f} GiB, "

@@ -64,10 +64,9 @@ class DistributedSource(Source):
     # Before any node starts (the replay node checks its host too).
     builder.check_replay_fits(replay, example, on_host=True)
     if not address:  # Every node runs on this host (on a cluster the learner checks its own).
-      builder.check_learner_fits(  # Parameters beside: PARAM_COPIES_BESIDE_ACTORS + actors'.
-          networks, on_host=True, replay_bytes=xla_setup.nbytes(
-              jax.eval_shape(replay.init, example)),
-          param_copies=ray_cluster.PARAM_COPIES_BESIDE_ACTORS + num_actors)
+      builder.check_learner_fits(networks, on_host=True, num_actors=num_actors,
+                                 replay_bytes=xla_setup.nbytes(jax.eval_shape(replay.init,
+                                                                              example)))
       ray_cluster.check_node_processes(num_actors)
     self._ray, self._started = ray_cluster.start_ray(address, experiment.compilation_cache_dir)
     self._node_handles: List[Any] = []
@@ -108,7 +107,7 @@ class DistributedSource(Source):
                                         (replay, learner, self._actors))
     self._restarts = [0] * num_actors
     self._lost: List[int] = []  # Actors whose restart failed (Ray does not retry those).
-    self._pids = [info["pid"] for info in self._actor_info]  # A new pid: a restart.
+    self._lives = [info["life"] for info in self._actor_info]  # A new life: a restart.
     self._returns: List[float] = []
     os.makedirs(experiment.logdir, exist_ok=True)
     # Where each node runs (pid, Ray node), for operators and the fault test.
@@ -142,6 +141,9 @@ class DistributedSource(Source):
     self._learner_calls = max(1, 100 // self._config.num_sgd_steps_per_step)
     self._learner_ref = self._learner.run.remote(self._learner_calls)
     self._stats = ray.get(self._replay.stats.remote())
+    # Rates count this start alone (a resumed run's counts begin at its checkpoint's).
+    self._counts_at_start = {"learner_steps": self.learner_steps, **{
+        key: self._stats[key] for key in ("inserted", "sampled", "env_steps")}}
 
   @property
   def learner_steps(self) -> int:
@@ -184,8 +186,10 @@ class DistributedSource(Source):
         try:
           result = ray.get(ref)
           self._returns.extend(result["episode_returns"])
-          self._restarts[i] += int(result["pid"] != self._pids[i])  # A restarted process.
-          self._pids[i] = result["pid"]
+          if result["life"] != self._lives[i]:  # A restarted process answered.
+            self._restarts[i] += 1
+            self._lives[i] = result["life"]
+            self._program.resume_actors(self._stats["actor_steps"], only=i)
         except ray.exceptions.RayActorError as error:
           if getattr(error, "actor_init_failed", False):  # Ray will not try it again.
             self._lose_actor(i, error)
@@ -201,6 +205,10 @@ class DistributedSource(Source):
     if not self.done and time.time() - self._program.snapshot_at > LEARNER_SNAPSHOT_S:
       self._program.snapshot_learner()  # What a crashed learner would continue from.
 
+  def _per_s(self, key: str, count: int, seconds: float) -> float:
+    """`key`'s count since this start's training began, per second (0 when nothing trained)."""
+    return (count - self._counts_at_start[key]) / seconds if seconds > 0 else 0.0
+
   def _lose_actor(self, i: int, error: Exception) -> None:
     """Goes on without actor i, whose restart failed; with no actor left the run stops."""
     self._lost.append(i)
@@ -215,7 +223,8 @@ class DistributedSource(Source):
     result = self._learner_result
     return {"episodes": len(self._returns),
             "return_recent": summary_lib.recent_mean(self._returns),
-            "learner_steps_per_s": result.get("steps_per_s", 0.0),
+            "learner_steps_per_s": self._per_s("learner_steps", self.learner_steps,
+                                               time.perf_counter() - self._train_start),
             "actor_restarts": sum(self._restarts),
             "learner_restarts": self._program.learner_restarts,
             "replay_size": self._stats["size"], **result["metrics"],
@@ -285,8 +294,9 @@ class DistributedSource(Source):
   def summary_fields(self, final_eval, wall_s, compile_s) -> Dict[str, Any]:
     stats, train_s, num_actors = self._stats, self._train_s, len(self._actors)
 
-    def per_s(count):  # 0 when this start trained nothing.
-      return count / train_s if train_s > 0 else 0.0
+
+    def per_s(key, count):
+      return self._per_s(key, count, train_s)
     actor_steps = {int(k): int(v) for k, v in stats["actor_steps"].items()}
     learner_state = self._program.learner_snapshot["state"]
     experiment = self._experiment
@@ -301,11 +311,11 @@ class DistributedSource(Source):
         actor_restarts_total=sum(self._restarts),
         actors_lost=self._lost,
         learner_restarts=self._program.learner_restarts,
-        learner_steps_per_s=per_s(self.learner_steps),
+        learner_steps_per_s=per_s("learner_steps", self.learner_steps),
         replay_inserts=stats["inserted"], replay_samples=stats["sampled"],
-        replay_inserts_per_s=per_s(stats["inserted"]),
-        replay_samples_per_s=per_s(stats["sampled"]),
-        actor_sps=per_s(stats["env_steps"]),
+        replay_inserts_per_s=per_s("inserted", stats["inserted"]),
+        replay_samples_per_s=per_s("sampled", stats["sampled"]),
+        actor_sps=per_s("env_steps", stats["env_steps"]),
         ray_address=experiment.ray_address or os.environ.get("RAY_ADDRESS", "") or "local",
         params_checksum=checkpointing.params_checksum(learner_state.online_params),
         nonfinite_updates=self._learner_result.get("nonfinite_updates", 0))

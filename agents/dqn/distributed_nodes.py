@@ -69,7 +69,6 @@ class ReplayNode:
     self._actor_steps: Dict[int, int] = {}
     self._closed = False
     self._condition = None  # Made in the actor's event loop on first use.
-    self._start = time.time()
 
   def _cond(self):
     import asyncio  # pylint: disable=import-outside-toplevel
@@ -130,13 +129,10 @@ class ReplayNode:
       self._cond().notify_all()
 
   async def stats(self) -> Dict[str, Any]:
-    elapsed = max(time.time() - self._start, 1e-9)
     return {"actor_steps": dict(self._actor_steps),
             "env_steps": sum(self._actor_steps.values()),
             "inserted": self._limiter.inserts, "sampled": self._limiter.samples,
-            "size": int(self._replay.size(self._buffer.state)),
-            "inserts_per_s": self._limiter.inserts / elapsed,
-            "samples_per_s": self._limiter.samples / elapsed}
+            "size": int(self._replay.size(self._buffer.state))}
 
   async def get_state(self, include_buffer: bool) -> Dict[str, Any]:
     """Counts, sampling key and (with `include_buffer`) the items, in one snapshot (numpy)."""
@@ -212,7 +208,6 @@ class LearnerNode:
     self._version = 0
     self._metrics: Dict[str, float] = {}
     self._pending = None
-    self._start = time.time()
     if not ray.get_runtime_context().was_current_actor_reconstructed:
       self.publish()  # A restarted node publishes once the driver restores its state.
 
@@ -250,8 +245,7 @@ class LearnerNode:
       self.publish()
     return {"learner_steps": self._steps, "metrics": self._metrics,
             "nonfinite_updates": int(self._state.nonfinite_updates),
-            "first_nonfinite_step": int(self._state.first_nonfinite_step),
-            "steps_per_s": self._steps / max(time.time() - self._start, 1e-9)}
+            "first_nonfinite_step": int(self._state.first_nonfinite_step)}
 
   def snapshot(self) -> Dict[str, Any]:
     """The TrainingState (numpy) and the SGD steps taken, for checkpoints and restarts."""
@@ -298,7 +292,7 @@ class ActorNode:
     xla_setup.run_xla_on_one_cpu_core()
     import ray  # pylint: disable=import-outside-toplevel
     self._ray = ray
-    self.actor_id = actor_id
+    self.actor_id, self._life = actor_id, os.urandom(8).hex()  # A new life at each restart.
     num_envs = None if config.num_envs == 1 else config.num_envs
     path = (actor_id,)
     if ray.get_runtime_context().was_current_actor_reconstructed:
@@ -366,7 +360,7 @@ class ActorNode:
     if self._closed:
       self._wait_for_insert()
     return {"actor_id": self.actor_id, "episode_returns": [e["episode_return"] for e in episodes],
-            "sent_steps": self._sent_steps, "closed": self._closed, "pid": os.getpid()}
+            "sent_steps": self._sent_steps, "closed": self._closed, "life": self._life}
 
   def set_steps(self, num_steps: int) -> None:
     """Continues the epsilon schedule from `num_steps` of this actor (resume or restart)."""
@@ -375,7 +369,7 @@ class ActorNode:
   def info(self) -> Dict[str, Any]:
     import ray  # pylint: disable=import-outside-toplevel
     return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
-            "epsilon": self.epsilon}
+            "epsilon": self.epsilon, "life": self._life}
 
 
 class EvaluatorNode:

@@ -72,9 +72,6 @@ def check_address(address: str, timeout_s: float = 3.0) -> None:
 
 
 NODES_BESIDE_ACTORS = 4  # The replay, the learner, the evaluator and the variable server.
-# Copies of the parameters beside the learner's and the actors' one each: the driver's snapshot
-# of the learner's state (online, target, two Adam moments), the variable server's, the evaluator's.
-PARAM_COPIES_BESIDE_ACTORS = 6
 
 
 def private_memory_bytes() -> Optional[int]:

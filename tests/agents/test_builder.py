@@ -122,13 +122,16 @@ def test_the_learner_is_counted_beside_a_replay_on_the_same_device(monkeypatch):
     builder.check_learner_fits(networks, replay_bytes=params)  # 7x.
 
 
-def test_a_local_rays_other_parameter_copies_are_counted_beside_the_learner(monkeypatch):
+def test_a_local_rays_other_nodes_are_counted_beside_the_learner(monkeypatch):
+  """The learner: state 4P (online, target, Adam's two moments) plus 2P. Its other nodes: the
+  driver's two snapshots of the state (8P), the variable server and the evaluator (2P), and P
+  per actor. A limit of 20P holds the learner, the replay (P) and 3 actors, not 4."""
   params = 4 * (4 * 2000 + 2000 + 2000 * 2000 + 2000 + 2000 * 2 + 2)
-  monkeypatch.setattr(xla_setup, "host_memory_bytes", lambda: int(8.5 * params / 0.9))
+  monkeypatch.setattr(xla_setup, "host_memory_bytes", lambda: int(20.5 * params / 0.9))
   builder = DQNBuilder(DQNConfig(hidden_sizes=(2000, 2000)))
   networks = builder.make_networks(_cartpole_spec())
-  builder.check_learner_fits(networks, on_host=True, param_copies=2)  # 6 + 2: fits.
-  with pytest.raises(ConfigError, match=r"\(2000, 2000\)\) beside the replay's 15.3 MiB and 2 more "
-                     r"copies of the parameters \(30.6 MiB: the driver's snapshot .*\), and the "
-                     r"host holds .* or a smaller `replay_capacity`, or fewer `num_actors`\.$"):
-    builder.check_learner_fits(networks, on_host=True, replay_bytes=params, param_copies=2)
+  builder.check_learner_fits(networks, on_host=True, replay_bytes=params, num_actors=3)
+  with pytest.raises(ConfigError, match=r"\(2000, 2000\)\) beside the replay's 15.3 MiB and the "
+                     r"other nodes' 214.5 MiB \(.* each of 4 actors\), and the host holds .* or a "
+                     r"smaller `replay_capacity`, or `num_actors` <= 3\.$"):
+    builder.check_learner_fits(networks, on_host=True, replay_bytes=params, num_actors=4)

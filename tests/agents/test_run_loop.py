@@ -264,8 +264,9 @@ def test_the_driver_goes_on_without_an_actor_whose_restart_failed_until_none_is_
 
 
 def test_the_driver_counts_a_restart_when_a_new_process_answers_and_drops_a_lost_actor():
-  """Calls fail while Ray restarts actor 0 (one restart, seen by its new pid); actor 1's restart
-  fails in its constructor, so it gets no more calls."""
+  """Calls fail while Ray restarts actor 0 (one restart, seen by its new life); actor 1's restart
+  fails in its constructor, so it gets no more calls; actor 2's failed call is answered by the
+  same life (no restart); actor 3 comes back in a new life with no failed call seen."""
   class RayActorError(Exception):
     actor_init_failed = False
 
@@ -275,8 +276,9 @@ def test_the_driver_counts_a_restart_when_a_new_process_answers_and_drops_a_lost
     def __str__(self):
       return "agents.dqn.config.ConfigError: `num_envs`=9: too many. Use `num_envs` <= 3."
 
-  outcomes = {0: [RayActorError(), RayActorError(), 200, 200, 200], 1: [InitFailed()]}
-  calls = {0: 0, 1: 0}
+  outcomes = {0: [RayActorError(), RayActorError(), "b", "b", "b"], 1: [InitFailed()],
+              2: [RayActorError()] + ["a"] * 4, 3: ["b"] * 5}
+  calls = dict.fromkeys(outcomes, 0)
 
   class Actor:
     def __init__(self, i):
@@ -301,15 +303,15 @@ def test_the_driver_counts_a_restart_when_a_new_process_answers_and_drops_a_lost
       outcome = ref[1]
       if isinstance(outcome, Exception):
         raise outcome
-      return {"episode_returns": [], "pid": outcome}
+      return {"episode_returns": [], "life": outcome}
 
   source = DistributedSource.__new__(DistributedSource)  # Only what a driver round reads.
   # pylint: disable=protected-access
-  actors = [Actor(0), Actor(1)]
+  actors = [Actor(i) for i in range(4)]
   source._ray, source._actors, source._actor_chunk = Ray(), actors, 50
   source._pending = {actor.remote(50): actor.i for actor in actors}
   source._learner_ref, source._eval_ref, source._train_start = "learner", None, 0.0
-  source._restarts, source._pids, source._lost, source._returns = [0, 0], [100, 101], [], []
+  source._restarts, source._lives, source._lost, source._returns = [0] * 4, ["a"] * 4, [], []
   source._stats = {"actor_steps": {}}
   source._replay = types.SimpleNamespace(stats=types.SimpleNamespace(remote=lambda: "stats"))
   resumed = []
@@ -317,11 +319,12 @@ def test_the_driver_counts_a_restart_when_a_new_process_answers_and_drops_a_lost
       resume_actors=lambda steps, only: resumed.append(only), snapshot_at=time.time())
   source._experiment = types.SimpleNamespace(total_steps=10**6, max_learner_steps=0)
   source._learner_result = {"learner_steps": 0}
-  for _ in range(5):
+  for _ in range(12):
     source.advance(0, None)
-  assert source._restarts == [1, 0] and source._lost == [1]
-  assert calls == {0: 5, 1: 1}  # Actor 1 got no call after its failed restart.
-  assert resumed == [0, 0]  # Actor 0 continues its epsilon schedule after each failed call.
+  assert source._restarts == [1, 0, 0, 1] and source._lost == [1]
+  assert calls[1] == 1  # No call after its failed restart.
+  # Actors continue their epsilon schedules after a failed call and in a new life.
+  assert sorted(resumed) == [0, 0, 0, 2, 3]
 
 
 def test_an_evaluation_still_running_when_the_run_stops_is_made_up_on_resume(tmp_path):

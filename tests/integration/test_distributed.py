@@ -215,6 +215,8 @@ def test_sigkill_after_a_checkpoint_then_resume_counts_every_step_once(tmp_path)
   assert 1500 <= saved < 3000
   assert summary["env_steps"] >= 3000 and summary["env_steps"] == sum(summary["actor_steps"])
   assert summary["env_steps_this_start"] == summary["env_steps"] - saved
+  # Rates count this start's steps alone (all steps over this start's time read about 2x).
+  assert summary["actor_sps"] < 1.5 * summary["sps_after_compile"]
   _assert_the_variant_ran(summary, MIQN)
   with open(logdir / "train.csv") as f:
     rows = list(csv.DictReader(f))
