@@ -72,41 +72,31 @@ def check_address(address: str, timeout_s: float = 3.0) -> None:
 
 
 NODES_BESIDE_ACTORS = 4  # The replay, the learner, the evaluator and the variable server.
+# Less than any node process holds of its own: a process that has imported Ray and the nodes'
+# module holds about 147 MiB (its RssAnon), a CartPole actor node about 175 MiB.
+NODE_PROCESS_BYTES = 128 * 2**20
 
 
-def private_memory_bytes() -> Optional[int]:
-  """This process's private resident memory (Linux's RssAnon); None where it is not known."""
-  try:
-    with open("/proc/self/status") as f:
-      for line in f:
-        if line.startswith("RssAnon:"):
-          return int(line.split()[1]) * 1024
-  except (OSError, ValueError, IndexError):
-    pass
-  return None
-
-
-def check_node_processes(num_actors: int, limit: Optional[int] = None,
-                         process_bytes: Optional[int] = None) -> None:
+def check_node_processes(num_actors: int, limit: Optional[int] = None) -> None:
   """Refuses more node processes than this host's memory holds, for a Ray started here.
 
-  Every node is a process that imports the kit, as this one has, so this
-  process's private memory (`process_bytes`, by default measured) is the
-  least each needs: only setups that cannot fit are refused.
+  Every node is a process that imports the kit, and each is counted at
+  `NODE_PROCESS_BYTES`, less than any holds: only setups that cannot fit
+  are refused.
   """
   limit = xla_setup.host_memory_bytes() if limit is None else limit
-  process_bytes = private_memory_bytes() if process_bytes is None else process_bytes
   processes = num_actors + NODES_BESIDE_ACTORS
-  if limit and process_bytes and processes * process_bytes > 0.9 * limit:
-    most = int(0.9 * limit) // process_bytes - NODES_BESIDE_ACTORS
+  if limit and processes * NODE_PROCESS_BYTES > 0.9 * limit:
+    most = int(0.9 * limit) // NODE_PROCESS_BYTES - NODES_BESIDE_ACTORS
     fix = (f"Use `num_actors` <= {most}, or a cluster (`ray_address`)." if most >= 1 else
            "Not one actor fits beside the other nodes here: use a cluster (`ray_address`).")
     raise ConfigError(
         f"`num_actors`={num_actors}: a Ray started on this machine runs every node as a "
         f"process, and {processes:,} of them (the actors, the replay, the learner, the "
-        f"evaluator and the variable server) need at least {processes * process_bytes / 2**30:,.1f}"
-        f" GiB ({process_bytes / 2**20:.0f} MiB each, what this process holds after its imports)"
-        f" and the host holds {limit / 2**30:.1f} GiB. {fix}")
+        f"evaluator and the variable server) need at least "
+        f"{processes * NODE_PROCESS_BYTES / 2**30:,.1f} GiB ({NODE_PROCESS_BYTES // 2**20} MiB "
+        f"each, less than any node holds) and the host holds "
+        f"{limit / 2**30:.1f} GiB. {fix}")
 
 
 def start_ray(address: str, compilation_cache_dir: str = ""):
