@@ -136,3 +136,24 @@ for _name, _on_restart in (("CartPoleRefusedInRay-v0", False),
   if _name not in gym.registry:
     gym.register(id=_name, entry_point=CartPoleRefusedInRay, max_episode_steps=500,
                  kwargs={"on_restart": _on_restart})
+
+
+class CartPoleCrashingTheEvaluator(CartPoleEnv):
+  """CartPole whose first reset in a Ray evaluator node's first process ends that process.
+
+  Registered as `CartPoleCrashingTheEvaluator-v0`; runs name it
+  `--env=gymnasium:tests.fakes:CartPoleCrashingTheEvaluator-v0`.
+  """
+
+  def reset(self, **kwargs):
+    import ray  # pylint: disable=import-outside-toplevel
+    with open("/proc/self/cmdline") as f:
+      evaluating = f.read().startswith("ray::EvaluatorNode")
+    if evaluating and not ray.get_runtime_context().was_current_actor_reconstructed:
+      os._exit(1)  # As a crash would: no exception, no cleanup.
+    return super().reset(**kwargs)
+
+
+if "CartPoleCrashingTheEvaluator-v0" not in gym.registry:
+  gym.register(id="CartPoleCrashingTheEvaluator-v0", entry_point=CartPoleCrashingTheEvaluator,
+               max_episode_steps=500)

@@ -96,8 +96,8 @@ class DistributedSource(Source):
     actor_cls = ray.remote(**actor_options)(ActorNode)
     self._actors = [actor_cls.remote(i, num_actors, config, env_name, seed, names[1], names[0],
                                      insert_batch) for i in range(num_actors)]
-    self._evaluator = ray.remote(num_cpus=0)(EvaluatorNode).remote(config, env_name, seed,
-                                                                   names[0])
+    self._evaluator = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(
+        EvaluatorNode).remote(config, env_name, seed, names[0])
     self._node_handles = [variables, replay, learner, self._evaluator, *self._actors]
     ray_cluster.wait_for_nodes(ray, {"the replay node": [replay], "the learner node": [learner],
                                      "an actor node": self._actors,
@@ -107,6 +107,7 @@ class DistributedSource(Source):
                                         (replay, learner, self._actors))
     self._restarts = [0] * num_actors
     self._lost: List[int] = []  # Actors whose restart failed (Ray does not retry those).
+    self._evaluator_restarts, self._evaluator_failing = 0, False
     self._lives = [info["life"] for info in self._actor_info]  # A new life: a restart.
     self._returns: List[float] = []
     os.makedirs(experiment.logdir, exist_ok=True)
@@ -242,8 +243,19 @@ class DistributedSource(Source):
     try:
       values = self._ray.get(self._eval_ref)
     except self._ray.exceptions.RayActorError as error:
-      raise NodeCrashed(f"The evaluator node died ({ray_cluster.start_failure(error)}). See the "
-                        "Ray logs under /tmp/ray/session_latest/logs.", resumable=True) from None
+      if getattr(error, "actor_init_failed", False):  # Ray will not try it again.
+        raise NodeCrashed(f"The evaluator node could not start again after a crash: "
+                          f"{ray_cluster.start_failure(error)}. See the Ray logs under "
+                          "/tmp/ray/session_latest/logs.", resumable=True) from None
+      # Ray restarts it (calls fail meanwhile: one crash until one succeeds); the evaluation
+      # runs again, of the parameters then.
+      if not self._evaluator_failing:
+        self._evaluator_restarts, self._evaluator_failing = self._evaluator_restarts + 1, True
+      time.sleep(0.2)
+      self._eval_ref = None
+      self.start_eval(len(self._evals))
+      return
+    self._evaluator_failing = False
     self._evals.append((*self._eval_at, values))
     self._eval_ref = None
 
@@ -310,6 +322,7 @@ class DistributedSource(Source):
         actor_restarts=self._restarts,
         actor_restarts_total=sum(self._restarts),
         actors_lost=self._lost,
+        evaluator_restarts=self._evaluator_restarts,
         learner_restarts=self._program.learner_restarts,
         learner_steps_per_s=per_s("learner_steps", self.learner_steps),
         replay_inserts=stats["inserted"], replay_samples=stats["sampled"],

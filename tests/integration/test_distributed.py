@@ -79,6 +79,24 @@ def test_an_actor_whose_restart_is_refused_is_left_out_and_the_run_completes(tmp
   assert summary["env_steps"] == sum(summary["actor_steps"]) >= 12000
 
 
+def test_a_crashed_evaluator_restarts_and_its_evaluation_runs_again(tmp_path):
+  logdir = tmp_path / "run"
+  result = subprocess.run(
+      _cmd(f"--logdir={logdir}", "--total_steps=8000", "--log_every=1000", "--eval_every=1000",
+           "--env=gymnasium:tests.fakes:CartPoleCrashingTheEvaluator-v0"),
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  summary = json.loads((logdir / "summary.json").read_text())
+  assert summary["evaluator_restarts"] == 1
+  with open(logdir / "eval.csv") as f:
+    rows = list(csv.DictReader(f))
+  steps = [int(r["env_steps"]) for r in rows]
+  # The first evaluation (due at 1,000) ran again once the evaluator was back, then the others.
+  assert steps == sorted(set(steps)) and len(steps) >= 3 and steps[-1] == summary["env_steps"]
+  assert 1000 <= steps[0] < steps[-1] and all(np.isfinite(float(r["eval_return_mean"]))
+                                              for r in rows)
+
+
 def test_nodes_that_refuse_the_run_at_their_start_give_one_line(tmp_path):
   result = subprocess.run(
       _cmd(f"--logdir={tmp_path / 'run'}", "--env=gymnasium:tests.fakes:CartPoleRefusedInRay-v0"),
