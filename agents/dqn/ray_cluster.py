@@ -10,6 +10,11 @@ from acme_jax_dqn import xla_setup
 from agents.dqn import checkpoints
 from agents.dqn.config import ConfigError
 
+NODES_BESIDE_ACTORS = 4  # The replay, the learner, the evaluator and the variable server.
+# Less than any node process holds of its own: a process that has imported Ray and the nodes'
+# module holds about 147 MiB (its RssAnon), a CartPole actor node about 174 MiB.
+NODE_PROCESS_BYTES = 128 * 2**20
+
 
 class NodeCrashed(checkpoints.RunError):
   """A node died, or could not start again, and the run cannot go on without it."""
@@ -69,12 +74,6 @@ def check_address(address: str, timeout_s: float = 3.0) -> None:
         "with `ray start --head --port=6379` on that machine, check the address and "
         "firewall, or drop `ray_address` (and unset RAY_ADDRESS) to run on this "
         "machine.") from None
-
-
-NODES_BESIDE_ACTORS = 4  # The replay, the learner, the evaluator and the variable server.
-# Less than any node process holds of its own: a process that has imported Ray and the nodes'
-# module holds about 147 MiB (its RssAnon), a CartPole actor node about 175 MiB.
-NODE_PROCESS_BYTES = 128 * 2**20
 
 
 def check_node_processes(num_actors: int, limit: Optional[int] = None) -> None:
