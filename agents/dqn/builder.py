@@ -23,7 +23,7 @@ from acme_jax_dqn import specs
 from acme_jax_dqn import xla_setup
 from acme_jax_dqn.envs.gymnax_adapter import GymnaxEnv
 from acme_jax_dqn.types import Transition
-from agents.dqn.config import ConfigError, DQNConfig
+from agents.dqn.config import SMALLER_NETWORK, ConfigError, DQNConfig
 
 
 class DQNBuilder:
@@ -242,8 +242,8 @@ class DQNBuilder:
                                    insert_chunk=insert_chunk or self.config.inserts_per_learner_step)
 
   def check_replay_fits(self, replay: replay_lib.Replay, example: Transition,
-                        on_host: bool = False) -> None:
-    """Refuses, before allocating it, a host-fed replay that its memory cannot hold.
+                        on_host: bool = False) -> int:
+    """Refuses, before allocating it, a host-fed replay that its memory cannot hold; its bytes.
 
     The buffer lives on this process's default device (a CPU device: the
     host's memory), or with `on_host` in the host's memory, asked of the
@@ -256,7 +256,7 @@ class DQNBuilder:
     limit, holder = xla_setup.memory_for_buffers(on_host)
     total = xla_setup.nbytes(jax.eval_shape(replay.init, example))
     if not limit or total <= 0.9 * limit:
-      return
+      return total
     c = self.config  # Smaller replays of the same kind, for the capacity that fits.
     # (flashbax builds no replay smaller than its batch; the size does not depend on it.)
     need = lambda capacity: xla_setup.nbytes(jax.eval_shape(replay_lib.make_replay(
@@ -363,9 +363,7 @@ class DQNBuilder:
     raise ConfigError(
         f"The learner needs {need / 2**30:.1f} GiB (parameters {params / 2**30:.1f} GiB, "
         f"the largest {name} of shape {tuple(leaf.shape)}){beside} and {holder} holds "
-        f"{limit / 2**30:.1f} GiB. Use a smaller network (`hidden_sizes`, `torso`, "
-        "`iqn_num_cosines`) or fewer outputs per action (`num_atoms`, `num_quantiles`)"
-        f"{fewer}.")
+        f"{limit / 2**30:.1f} GiB. Use {SMALLER_NETWORK}{fewer}.")
 
   def make_learner(self, networks: networks_lib.Networks,
                    replay_buffer: replay_lib.ReplayBuffer,

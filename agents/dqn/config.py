@@ -195,6 +195,11 @@ def fail(field: str, value, why: str) -> None:
   raise ConfigError(f"`{field}`={value!r}: {why}")
 
 
+# The fix a memory check names when the learner's network is what does not fit.
+SMALLER_NETWORK = ("a smaller network (`hidden_sizes`, `torso`, `iqn_num_cosines`) or fewer "
+                   "outputs per action (`num_atoms`, `num_quantiles`)")
+
+
 def check_int32(field: str, value: int, what: str = "it") -> None:
   """Refuses a `value` above INT32_MAX: the compiled programs hold `what` as a 32-bit integer."""
   if value > INT32_MAX:

@@ -30,7 +30,6 @@ from acme_jax_dqn import checkpointing
 from acme_jax_dqn import envs
 from acme_jax_dqn import loggers
 from acme_jax_dqn import specs
-from acme_jax_dqn import xla_setup
 from agents.dqn import ray_cluster
 from agents.dqn import summary as summary_lib
 from agents.dqn.builder import DQNBuilder
@@ -62,11 +61,10 @@ class DistributedSource(Source):
       raise ConfigError(str(error)) from error
     replay, example = builder.make_replay(), builder.example_transition(spec)
     # Before any node starts (the replay node checks its host too).
-    builder.check_replay_fits(replay, example, on_host=True)
+    replay_bytes = builder.check_replay_fits(replay, example, on_host=True)
     if not address:  # Every node runs on this host (on a cluster the learner checks its own).
       builder.check_learner_fits(networks, on_host=True, num_actors=num_actors,
-                                 replay_bytes=xla_setup.nbytes(jax.eval_shape(replay.init,
-                                                                              example)))
+                                 replay_bytes=replay_bytes)
       ray_cluster.check_node_processes(num_actors)
     self._ray, self._started = ray_cluster.start_ray(address, experiment.compilation_cache_dir)
     self._node_handles: List[Any] = []

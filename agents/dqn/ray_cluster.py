@@ -51,8 +51,9 @@ def wait_for_nodes(ray, nodes: Dict[str, List]) -> None:
     try:
       ray.get([handle.__ray_ready__.remote() for handle in handles])
     except ray.exceptions.RayActorError as error:
-      if refusal(error) is not None:
-        raise ConfigError(f"{name} refused the run on its Ray host: {refusal(error)}") from None
+      message = refusal(error)
+      if message is not None:
+        raise ConfigError(f"{name} refused the run on its Ray host: {message}") from None
       raise NodeCrashed(f"{name[0].upper()}{name[1:]} could not start ({start_failure(error)}). "
                         "See the Ray logs under /tmp/ray/session_latest/logs.") from None
 

@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 from acme_jax_dqn import loggers
 from acme_jax_dqn import xla_setup
-from agents.dqn.config import ConfigError, DQNConfig
+from agents.dqn.config import SMALLER_NETWORK, ConfigError, DQNConfig
 from agents.dqn.experiment_config import ExperimentConfig
 
 
@@ -109,8 +109,7 @@ def check_memory(state_shape, mesh: jax.sharding.Mesh, num_seeds: int, config: D
   parts["environments"] = xla_setup.nbytes(state_shape) / num_seeds - sum(parts.values())
   parts["evaluation"] = 2 * xla_setup.nbytes(eval_shape)
   fixes = {replay: "a smaller `replay_capacity`",
-           "learner": "a smaller network (`hidden_sizes`, `torso`, `iqn_num_cosines`) or "
-                      "fewer outputs per action (`num_atoms`, `num_quantiles`)",
+           "learner": SMALLER_NETWORK,
            "n-step window": "a smaller `n_step` or fewer `num_envs`",
            "environments": "fewer `num_envs`",
            "evaluation": "fewer `eval_episodes`"}
