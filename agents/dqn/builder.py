@@ -13,6 +13,7 @@ from acme_jax_dqn import actors
 from acme_jax_dqn import anakin
 from acme_jax_dqn import anakin_pqn
 from acme_jax_dqn import adders
+from acme_jax_dqn import fused_loss
 from acme_jax_dqn import learning
 from acme_jax_dqn import losses
 from acme_jax_dqn import networks as networks_lib
@@ -23,7 +24,7 @@ from acme_jax_dqn import specs
 from acme_jax_dqn import xla_setup
 from acme_jax_dqn.envs.gymnax_adapter import GymnaxEnv
 from acme_jax_dqn.types import Transition
-from agents.dqn.config import SMALLER_NETWORK, ConfigError, DQNConfig
+from agents.dqn.config import FUSED_LOSS_TAKES, SMALLER_NETWORK, ConfigError, DQNConfig
 
 
 class DQNBuilder:
@@ -42,6 +43,12 @@ class DQNBuilder:
   def make_networks(self, spec: specs.EnvironmentSpec,
                     env_name: str = "") -> networks_lib.Networks:
     c = self.config
+    if c.fused_loss and networks_lib.choose_torso(spec.observations.shape, c.torso) != "mlp":
+      raise ValueError(
+          f"`fused_loss`=True: its kernel computes {FUSED_LOSS_TAKES}, and "
+          f"observations of shape {tuple(spec.observations.shape)}"
+          f"{' of ' + env_name if env_name else ''} take a conv torso under `torso`={c.torso}. "
+          "Drop `fused_loss`.")
     return networks_lib.make_networks(
         spec, hidden_sizes=c.hidden_sizes, dueling=c.dueling,
         distributional=c.distributional, num_atoms=c.num_atoms,
@@ -73,6 +80,8 @@ class DQNBuilder:
     if c.munchausen:
       return losses.MunchausenLoss(alpha=c.munchausen_alpha, tau=c.munchausen_tau,
                                    clip_min=c.munchausen_clip, huber_delta=c.huber_delta)
+    if c.fused_loss:
+      return fused_loss.FusedQLearningLoss(double_q=c.double_q, huber_delta=c.huber_delta)
     return losses.QLearningLoss(double_q=c.double_q, huber_delta=c.huber_delta)
 
   def make_optimizer(self) -> optax.GradientTransformation:

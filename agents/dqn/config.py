@@ -44,6 +44,7 @@ class DQNConfig:
     hidden_sizes: MLP layer sizes (after the convolutions for image torsos).
     torso: "auto" (MLP for vectors, Nature conv for images, MinAtar conv for images under 36x36), "mlp", "nature_conv" or "minatar_conv".
     huber_delta: Huber loss threshold; 0 uses the squared loss 0.5 * td**2.
+    fused_loss: the TD loss and its gradient in one Pallas kernel per seed, with the batch and every activation kept in the kernel (acme_jax_dqn/fused_loss.py): for GPUs (Triton); elsewhere Pallas interprets it, slower than the default. Q-learning or double Q-learning of an MLP torso with a linear Q head only.
     reward_clip: clip each env reward to [-c, c] before the n-step sum, as DQN and Rainbow on Atari (0: off; episode returns stay unclipped).
     learning_rate: Adam step size (initial value when a schedule is set).
     learning_rate_schedule: "constant", "linear" or "cosine" decay over learner steps.
@@ -107,6 +108,7 @@ class DQNConfig:
   hidden_sizes: Tuple[int, ...] = (256, 256)
   torso: str = "auto"
   huber_delta: float = 1.0
+  fused_loss: bool = False
   reward_clip: float = 0.0
   learning_rate: float = 1e-3
   learning_rate_schedule: str = "constant"
@@ -301,6 +303,8 @@ def _check(c: DQNConfig) -> None:
     fail("munchausen", True, f"Munchausen DQN's soft target has its own bootstrap (no greedy "
          f"action), built for Q-values and IQN (M-IQN), so it does not combine with "
          f"`{other}`; drop one.")
+  if c.fused_loss:
+    _check_fused_loss(c)
   if not 0.0 <= c.pqn_lambda <= 1.0:
     fail("pqn_lambda", c.pqn_lambda, "must lie in [0, 1] (0.65 in the paper).")
   if c.pqn:
@@ -334,6 +338,23 @@ _NOT_WITH_PQN = {
     "munchausen": "PQN's Q(lambda) return has no soft bootstrap",
     "noisy": "PQN explores by its epsilon schedule; noisy layers are not built for it",
 }
+
+
+# What the fused loss's kernel does not compute: it holds Q-learning of a plain MLP Q-network.
+FUSED_LOSS_TAKES = ("Q-learning or double Q-learning (`double_q`) of an MLP torso with a "
+                    "linear Q head")
+_NOT_WITH_FUSED_LOSS = ("pqn", "distributional", "quantile", "iqn", "munchausen", "dueling",
+                        "noisy", "layer_norm")
+
+
+def _check_fused_loss(c: DQNConfig) -> None:
+  for name in _NOT_WITH_FUSED_LOSS:
+    if getattr(c, name):
+      fail("fused_loss", True, f"its kernel computes {FUSED_LOSS_TAKES}, not `{name}`. "
+           f"Drop `fused_loss` or `{name}`.")
+  if c.torso not in ("auto", "mlp"):
+    fail("fused_loss", True, f"its kernel computes {FUSED_LOSS_TAKES}, not `torso`="
+         f"{c.torso}. Drop `fused_loss` or use `torso`=mlp.")
 
 
 def _check_pqn(c: DQNConfig) -> None:

@@ -26,6 +26,8 @@ VARIANTS = {
                   iqn_num_target_taus=8, iqn_num_policy_taus=4),
     "pqn_dueling": dict(pqn=True, layer_norm=True, dueling=True, num_envs=4,
                         pqn_rollout_len=16, pqn_minibatches=4, pqn_epochs=2),
+    "fused_loss_double_prioritized": dict(fused_loss=True, double_q=True, prioritized=True,
+                                          n_step=3),
 }
 
 
@@ -89,3 +91,42 @@ def test_a_pqn_chunk_row_holds_the_means_and_sums_of_its_iterations():
   for name in two:
     np.testing.assert_allclose(np.asarray(two[name], np.float64),
                                np.asarray(unrolled[name], np.float64), rtol=1e-6)
+
+
+@pytest.mark.parametrize("overrides", [dict(huber_delta=0.0), dict(double_q=True, prioritized=True,
+                                                                   max_grad_norm=1.0)])
+def test_the_fused_loss_learns_as_the_xla_loss_does_step_by_step(overrides):
+  """From the same state and replay, a few anakin learn steps with the fused loss (interpreted
+  here) give the parameters, metrics and priorities of the rlax loss through autodiff."""
+  env = envs.make_jax_environment("gymnax:CartPole-v1")
+  results = []
+  for fused in (False, True):
+    config = DQNConfig(**{**TINY, "min_replay_size": 500, "num_envs": 4,
+                          "target_update_period": 2, **overrides, "fused_loss": fused})
+    builder = DQNBuilder(config)
+    trainer = builder.make_anakin(env, builder.make_networks(env.spec), eval_episodes=1)
+    state = jax.jit(trainer.init)(jax.random.PRNGKey(0))
+    # 400 real transitions in replay, none learned from (learning would start at 500).
+    state, _ = jax.jit(trainer.train_chunk, static_argnums=2)(state, 0, 100)
+    assert int(state.learner.steps) == 0
+    learn = jax.jit(trainer.learn)
+    rows = []
+    for _ in range(5):
+      state, metrics = learn(state)
+      rows.append(jax.device_get(metrics))
+    results.append((jax.device_get(state), rows))
+  (plain, plain_rows), (fused, fused_rows) = results
+  assert int(fused.learner.steps) == int(plain.learner.steps) >= 5
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+               fused.learner.online_params, plain.learner.online_params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+               fused.learner.target_params, plain.learner.target_params)
+  for plain_row, fused_row in zip(plain_rows, fused_rows):
+    assert set(plain_row) == set(fused_row)
+    for name in plain_row:
+      np.testing.assert_allclose(fused_row[name], plain_row[name], rtol=1e-4, atol=1e-6,
+                                 err_msg=name)
+  if overrides.get("prioritized"):  # flashbax's sum tree holds the priorities written back.
+    written = [np.asarray(state.buffer.sum_tree_state.nodes) for state in (plain, fused)]
+    assert len(np.unique(written[0])) > 10
+    np.testing.assert_allclose(written[1], written[0], rtol=1e-4)

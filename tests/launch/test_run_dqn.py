@@ -114,12 +114,22 @@ def test_a_command_line_flag_overrides_a_contradicting_flag_of_the_flagfile():
     (["--torso=nature_conv"], "--torso=nature_conv takes image"),
     (["--resume"], "--resume: no checkpoint"),
     (["--run_mode=anakin", "--env=gymnax:CartPole-v1", "--resume"], "--resume: no checkpoint"),
+    (["--fused_loss", "--dueling"], "--fused_loss=True: its kernel computes"),
 ])
 def test_bad_input_exits_nonzero_with_a_clear_error(args, expected, tmp_path):
   result = run_dqn(f"--flagfile={TINY}", f"--logdir={tmp_path / 'run'}", *args, timeout=120)
   assert result.returncode != 0
   assert expected in result.stderr
   assert "Traceback" not in result.stderr
+  assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_the_fused_loss_on_images_is_one_line_with_exit_code_2_before_compiling(tmp_path):
+  result = run_dqn(f"--flagfile={TINY}", f"--logdir={tmp_path / 'run'}", "--run_mode=anakin",
+                   "--env=gymnax:Breakout-MinAtar", "--fused_loss", timeout=120)
+  assert result.returncode == 2, result.stderr[-2000:]
+  line = _one_error_line(result.stderr)
+  assert "--fused_loss=True: its kernel computes" in line and "Drop --fused_loss" in line
   assert not (tmp_path / "run" / "summary.json").exists()
 
 

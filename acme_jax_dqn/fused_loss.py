@@ -1,0 +1,288 @@
+"""Q-learning's TD loss of an MLP Q-network, and its gradient, in one Pallas kernel.
+
+`FusedQLearningLoss` computes what `losses.QLearningLoss` computes for the
+plain Q-network (an MLP torso with ReLUs and a linear Q head; no dueling,
+distributional, quantile, noisy or LayerNorm layers): the online network's
+Q-values, the target network's (and with `double_q` the online network's)
+on the next observations, the TD errors, the weighted Huber or squared
+loss, its metrics, and the loss's gradient with respect to the online
+parameters, written out by hand (backpropagation through the MLP). The
+whole batch, the weights and every activation stay in the kernel: the XLA
+path writes each layer's activations and their gradients to the device's
+memory and reads them back, which for many seeds (a vmap of the learner
+step) is most of a learning step's memory traffic.
+
+On a GPU it is one Triton kernel per seed (`jax.vmap` gives each seed a
+program of the grid); elsewhere Pallas interprets it, for tests. Array
+sizes in a Triton kernel are powers of two, so each dimension is padded
+inside the kernel (the padded rows, columns and actions are masked to
+zero, or to -inf where actions are maximised), and a dot's sides are at
+least 16. Batches of more than `ROW_BLOCK` rows go through in blocks whose
+gradients add up. The dots are Triton's, at its default precision for
+float32 (TensorFloat-32 on GPUs that have it, as XLA's default precision
+for float32 matmuls on those GPUs).
+
+`jax.value_and_grad` of the loss takes the kernel's gradient
+(`jax.custom_vjp`): the learner step (`learning.make_sgd_step`), the
+optimiser, the non-finite guard and the target update are those of the XLA
+path.
+"""
+
+import dataclasses
+import functools
+import re
+from typing import Any, List, Optional, Sequence, Tuple
+
+import chex
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from acme_jax_dqn import xla_setup
+from acme_jax_dqn.losses import LossExtras
+from acme_jax_dqn.types import Params, Transition
+
+# Warps per seed's program, and the batch's rows per block: Triton tuning knobs (a 128 x 128
+# float32 block takes 64 registers per thread with 8 warps; a thread has at most 255).
+NUM_WARPS = 8
+ROW_BLOCK = 128
+# The kernel's scalar outputs, in this order.
+STATS = ("loss", "td_error_mean", "td_error_abs_mean", "q_mean", "q_min", "q_max")
+_TORSO_LAYER = re.compile(r"^mlp_torso/.*linear_(\d+)$")
+_HEAD_LAYER = "q_head/linear"
+
+
+def padded(size: int) -> int:
+  """The kernel's size for a dimension: a power of two, at least 16 (a Triton dot's least)."""
+  return max(16, 1 << (size - 1).bit_length())
+
+
+def mlp_layer_names(params: Params) -> List[str]:
+  """The plain Q-network's layers, input first; a ValueError for any other network."""
+  torso = sorted(((int(m.group(1)), name) for name in params
+                  for m in [_TORSO_LAYER.match(name)] if m))
+  names = [name for _, name in torso] + [_HEAD_LAYER]
+  if set(names) != set(params) or any(set(params[n]) != {"w", "b"} for n in names):
+    raise ValueError("the fused loss takes an MLP torso with a linear Q head (no dueling, "
+                     f"distributional, quantile, noisy or LayerNorm layers); got layers "
+                     f"{sorted(params)}.")
+  return names
+
+
+def _iota(shape, axis):
+  return jax.lax.broadcasted_iota(jnp.int32, shape, axis)
+
+
+def _masked(x, *sizes):
+  """`x` (a padded block) with every element past the true `sizes` set to 0."""
+  keep = None
+  for axis, size in enumerate(sizes):
+    if size < x.shape[axis]:
+      inside = _iota(x.shape, axis) < size
+      keep = inside if keep is None else keep & inside
+  return x if keep is None else jnp.where(keep, x, 0.0)
+
+
+def _masked_rows(x, rows: chex.Array, columns: int):
+  """`x` (a block of rows) with the rows from `rows` on and the columns from `columns` on 0."""
+  return jnp.where((_iota(x.shape, 0) < rows) & (_iota(x.shape, 1) < columns), x, 0.0)
+
+
+def _stat_vector(values, width: int):
+  out = jnp.zeros((width,), jnp.float32)
+  for i, value in enumerate(values):
+    out = jnp.where(_iota((width,), 0) == i, value, out)
+  return out
+
+
+def _kernel(*refs, sizes: Sequence[int], batch_size: int, double_q: bool,
+            huber_delta: float, row_block: int):
+  """One seed's loss, TD errors, metrics and gradients (see the module doc).
+
+  The batch goes through in blocks of `row_block` rows, so that fewer
+  activations are live at once; the gradients add up over the blocks.
+  """
+  num_layers, num_actions = len(sizes) - 1, sizes[-1]
+  obs_ref, next_obs_ref, action_ref, reward_ref, discount_ref, weight_ref, mask_ref = refs[:7]
+  online_refs = refs[7:7 + 2 * num_layers]
+  target_refs = refs[7 + 2 * num_layers:7 + 4 * num_layers]
+  stats_ref, td_ref, *grad_refs = refs[7 + 4 * num_layers:]
+
+  def weight(param_refs, i):  # Read where it is used: fewer values live at once.
+    return _masked(param_refs[2 * i][...], sizes[i], sizes[i + 1])
+
+  def forward(param_refs, x):
+    """The Q-values and each layer's input (for backpropagation)."""
+    inputs = []
+    for i in range(num_layers):
+      inputs.append(x)
+      x = pltriton.dot(x, weight(param_refs, i)) + _masked(param_refs[2 * i + 1][...],
+                                                     sizes[i + 1])[None, :]
+      if i < num_layers - 1:
+        x = jnp.maximum(x, 0.0)
+    return x, inputs
+
+  padded_rows = obs_ref.shape[0]
+  mask = _masked(mask_ref[...], batch_size)
+  count = jnp.maximum(jnp.sum(mask), 1.0)
+
+  def one_block(index, carry):
+    totals, grads = carry
+    first_row = pl.multiple_of(index * row_block, row_block)
+    block = pl.ds(first_row, row_block)
+    rows_left = batch_size - first_row  # Rows of this block at or past it are padding.
+    row = _iota((row_block,), 0) < rows_left
+    columns = _iota((row_block, padded(num_actions)), 1)
+    valid = row[:, None] & (columns < num_actions)
+    # The bootstrap values first: the target (and selector) network's activations are gone
+    # before the online network's, kept for backpropagation, are made.
+    next_obs = _masked_rows(next_obs_ref[block, :], rows_left, sizes[0])
+    q_t = forward(target_refs, next_obs)[0]
+    if double_q:  # The online network's first greedy action, evaluated by the target network.
+      selector = jnp.where(valid, forward(online_refs, next_obs)[0], -jnp.inf)
+      best = jnp.max(selector, axis=1)
+      first = jnp.min(jnp.where(selector == best[:, None], columns, num_actions), axis=1)
+      bootstrap = jnp.sum(jnp.where(columns == first[:, None], q_t, 0.0), axis=1)
+    else:
+      bootstrap = jnp.max(jnp.where(valid, q_t, -jnp.inf), axis=1)
+    q_tm1, inputs = forward(online_refs, _masked_rows(obs_ref[block, :], rows_left, sizes[0]))
+    taken = valid & (columns == action_ref[block][:, None])
+    q_taken = jnp.sum(jnp.where(taken, q_tm1, 0.0), axis=1)
+    td = jnp.where(row, reward_ref[block] + discount_ref[block] * bootstrap - q_taken, 0.0)
+    td_ref[block] = td
+    block_mask = jnp.where(row, mask_ref[block], 0.0)
+    scale = jnp.where(row, weight_ref[block], 0.0) * block_mask
+    if huber_delta > 0:  # rlax.huber_loss and its derivative.
+      quadratic = jnp.minimum(jnp.abs(td), huber_delta)
+      per_example = 0.5 * quadratic * quadratic + huber_delta * (jnp.abs(td) - quadratic)
+      slope = jnp.clip(td, -huber_delta, huber_delta)
+    else:  # rlax.l2_loss.
+      per_example, slope = 0.5 * td * td, td
+    totals = (totals[0] + jnp.sum(per_example * scale), totals[1] + jnp.sum(td * block_mask),
+              totals[2] + jnp.sum(jnp.abs(td) * block_mask),
+              totals[3] + jnp.sum(jnp.where(valid, q_tm1, 0.0)),
+              jnp.minimum(totals[4], jnp.min(jnp.where(valid, q_tm1, jnp.inf))),
+              jnp.maximum(totals[5], jnp.max(jnp.where(valid, q_tm1, -jnp.inf))))
+    # d loss / d q_tm1: only the taken action's Q-value, through -td.
+    grad = jnp.where(taken, -(slope * scale / count)[:, None], 0.0)
+    grads = list(grads)
+    for i in reversed(range(num_layers)):
+      grads[2 * i] += pltriton.dot(inputs[i], grad, trans_a=True)
+      grads[2 * i + 1] += jnp.sum(grad, axis=0)
+      if i:
+        back = pltriton.dot(grad, weight(online_refs, i), trans_b=True)
+        grad = jnp.where(inputs[i] > 0.0, back, 0.0)
+    return totals, tuple(grads)
+
+  zeros = tuple(jnp.zeros(ref.shape, jnp.float32) for ref in grad_refs)
+  start = (0.0, 0.0, 0.0, 0.0, jnp.inf, -jnp.inf)
+  totals, grads = jax.lax.fori_loop(0, padded_rows // row_block, one_block,
+                                    (tuple(jnp.float32(x) for x in start), zeros))
+  for ref, value in zip(grad_refs, grads):
+    ref[...] = value
+  loss, td_sum, td_abs_sum, q_sum, q_min, q_max = totals
+  stats_ref[...] = _stat_vector(
+      (loss / count, td_sum / count, td_abs_sum / count, q_sum / (batch_size * num_actions),
+       q_min, q_max), stats_ref.shape[0])
+
+
+def _full(shape):
+  """A BlockSpec of the whole (padded) array, for a program without a grid."""
+  return pl.BlockSpec(tuple(padded(d) for d in shape), lambda: (0,) * len(shape))
+
+
+def _run_kernel(arrays, layer_shapes, batch_size: int, double_q: bool, huber_delta: float,
+                interpret: bool):
+  """The kernel on one seed's arrays: (stats [8], td [B], gradients as (w, b) per layer)."""
+  sizes = [layer_shapes[0][0]] + [w[1] for w in layer_shapes]
+  out_shapes = [jax.ShapeDtypeStruct((8,), jnp.float32),
+                jax.ShapeDtypeStruct((batch_size,), jnp.float32)]
+  for shape in layer_shapes:
+    out_shapes += [jax.ShapeDtypeStruct(shape, jnp.float32),
+                   jax.ShapeDtypeStruct((shape[1],), jnp.float32)]
+  compiler_params = None
+  if not interpret:
+    compiler_params = pltriton.CompilerParams(num_warps=NUM_WARPS, num_stages=1)
+  kernel = functools.partial(_kernel, sizes=tuple(sizes), batch_size=batch_size,
+                             double_q=double_q, huber_delta=huber_delta,
+                             row_block=min(ROW_BLOCK, padded(batch_size)))
+  return pl.pallas_call(
+      kernel, out_shape=out_shapes,
+      in_specs=[_full(a.shape) for a in arrays],
+      out_specs=[_full(s.shape) for s in out_shapes],
+      compiler_params=compiler_params, interpret=interpret, name="fused_q_learning_loss",
+  )(*arrays)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _loss_and_stats(options: Tuple[Any, ...], online, target, batch_arrays):
+  """(stats, td): the loss is stats[0]; the gradient comes from the same kernel call."""
+  return _loss_fwd(options, online, target, batch_arrays)[0]
+
+
+def _loss_fwd(options, online, target, batch_arrays):
+  layer_shapes = [w.shape for w, _ in online]
+  stats, td, *grads = _run_kernel(
+      [*batch_arrays, *[x for layer in online for x in layer],
+       *[x for layer in target for x in layer]],
+      layer_shapes, batch_arrays[0].shape[0], *options)
+  grads = [(grads[2 * i], grads[2 * i + 1]) for i in range(len(online))]
+  return (stats, td), grads
+
+
+def _loss_bwd(options, grads, cotangents):
+  del options
+  stats_cotangent, _ = cotangents  # The TD errors and the metrics are not differentiated.
+  scale = stats_cotangent[0]
+  return (jax.tree.map(lambda g: g * scale, grads), None, None)
+
+
+_loss_and_stats.defvjp(_loss_fwd, _loss_bwd)
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedQLearningLoss:
+  """`losses.QLearningLoss` for the plain MLP Q-network, in one kernel (see the module doc).
+
+  Attributes:
+    double_q: select the bootstrap action with the online network (Double DQN).
+    huber_delta: Huber loss threshold; 0 gives the squared loss 0.5 * td**2.
+    interpret: run the kernel in Pallas's interpreter (any backend) instead
+      of compiling it with Triton (GPUs); None: interpret unless the program
+      is built for a GPU (`xla_setup.target_platform`).
+  """
+  double_q: bool = False
+  huber_delta: float = 1.0
+  interpret: Optional[bool] = None
+
+  def __call__(self, apply_fn, online_params: Params, target_params: Params,
+               batch: Transition, weights: Optional[chex.Array] = None,
+               mask: Optional[chex.Array] = None):
+    """Returns (scalar loss, LossExtras), as `QLearningLoss`; `apply_fn` is not called."""
+    del apply_fn  # The kernel applies the MLP itself.
+    chex.assert_rank(batch.action, 1)
+    batch_size = batch.action.shape[0]
+    ones = jnp.ones((batch_size,), jnp.float32)
+    names = mlp_layer_names(online_params)
+
+    def layers(params):
+      return [(params[n]["w"], params[n]["b"]) for n in names]
+
+    def flat(obs):
+      return obs.reshape(batch_size, -1).astype(jnp.float32)
+
+    batch_arrays = (flat(batch.observation), flat(batch.next_observation),
+                    batch.action.astype(jnp.int32), batch.reward.astype(jnp.float32),
+                    batch.discount.astype(jnp.float32),
+                    ones if weights is None else weights.astype(jnp.float32),
+                    ones if mask is None else mask.astype(jnp.float32))
+    interpret = (xla_setup.target_platform() != "gpu" if self.interpret is None
+                 else self.interpret)
+    stats, td_error = _loss_and_stats(
+        (self.double_q, self.huber_delta, interpret), layers(online_params),
+        layers(jax.lax.stop_gradient(target_params)), batch_arrays)
+    metrics = {name: stats[i] for i, name in enumerate(STATS) if name != "loss"}
+    td_error = jax.lax.stop_gradient(td_error)
+    return stats[0], LossExtras(td_error=td_error, priorities=jnp.abs(td_error),
+                                metrics=metrics)

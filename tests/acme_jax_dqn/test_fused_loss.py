@@ -1,0 +1,167 @@
+"""The fused loss kernel (Pallas, interpreted here) against rlax's Q-learning through Haiku and
+autodiff, a finite-difference gradient, and the configurations it refuses."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import rlax
+from dm_env import specs as dm_specs
+
+from acme_jax_dqn import fused_loss
+from acme_jax_dqn import losses
+from acme_jax_dqn import networks as networks_lib
+from acme_jax_dqn import specs
+from acme_jax_dqn.types import Transition
+from agents.dqn.builder import DQNBuilder
+from agents.dqn.config import ConfigError, DQNConfig
+
+
+def _spec(obs_dim, num_actions, image=False):
+  shape = (10, 10, 4) if image else (obs_dim,)
+  return specs.EnvironmentSpec(
+      observations=dm_specs.Array(shape, np.float32),
+      actions=dm_specs.DiscreteArray(num_actions),
+      rewards=dm_specs.Array((), np.float32),
+      discounts=dm_specs.BoundedArray((), np.float32, 0.0, 1.0))
+
+
+def _problem(obs_dim, hidden, num_actions, batch_size, seed=0):
+  net = networks_lib.make_networks(_spec(obs_dim, num_actions), hidden_sizes=hidden)
+  online = net.init(jax.random.PRNGKey(seed))
+  target = net.init(jax.random.PRNGKey(seed + 1))
+  rng = np.random.default_rng(seed)
+  batch = Transition(
+      observation=rng.normal(size=(batch_size, obs_dim)).astype(np.float32),
+      action=rng.integers(0, num_actions, batch_size).astype(np.int32),
+      reward=rng.normal(size=batch_size).astype(np.float32),
+      discount=rng.choice([0.0, 0.9, 0.99], size=batch_size).astype(np.float32),
+      next_observation=rng.normal(size=(batch_size, obs_dim)).astype(np.float32))
+  weights = rng.uniform(0.1, 1.0, batch_size).astype(np.float32)
+  mask = (rng.uniform(size=batch_size) > 0.3).astype(np.float32)
+  return net, online, target, batch, weights, mask
+
+
+def _value_and_grad(loss, net, online, target, batch, weights, mask):
+  return jax.jit(jax.value_and_grad(
+      lambda p: loss(net.apply, p, target, batch, weights, mask), has_aux=True))(online)
+
+
+def _assert_same(reference, fused, rtol=2e-5, atol=1e-6):
+  (ref_loss, ref_extras), ref_grads = reference
+  (loss, extras), grads = fused
+  np.testing.assert_allclose(loss, ref_loss, rtol=rtol)
+  np.testing.assert_allclose(extras.td_error, ref_extras.td_error, rtol=rtol, atol=atol)
+  np.testing.assert_allclose(extras.priorities, ref_extras.priorities, rtol=rtol, atol=atol)
+  assert set(extras.metrics) == set(ref_extras.metrics)
+  for name, value in ref_extras.metrics.items():
+    np.testing.assert_allclose(extras.metrics[name], value, rtol=rtol, atol=atol, err_msg=name)
+  assert jax.tree.structure(grads) == jax.tree.structure(ref_grads)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), grads,
+               ref_grads)
+
+
+@pytest.mark.parametrize("double_q", [False, True])
+@pytest.mark.parametrize("huber_delta", [0.0, 1.0])
+@pytest.mark.parametrize("shape", [
+    (4, (120, 84), 2, 128),  # CartPole at PureJaxRL's sizes: one block of 128 rows.
+    (6, (20,), 5, 7),  # Fewer rows than a block: most of the block is padding.
+    (17, (33, 40, 9), 3, 200),  # Two blocks, the second mostly padding; three hidden layers.
+])
+def test_the_kernel_computes_rlax_q_learning_and_its_gradient(double_q, huber_delta, shape):
+  net, online, target, batch, weights, mask = _problem(*shape)
+  reference = _value_and_grad(losses.QLearningLoss(double_q=double_q, huber_delta=huber_delta),
+                              net, online, target, batch, weights, mask)
+  fused = _value_and_grad(fused_loss.FusedQLearningLoss(double_q=double_q,
+                                                        huber_delta=huber_delta),
+                          net, online, target, batch, weights, mask)
+  assert float(reference[0][0]) > 0
+  _assert_same(reference, fused)
+
+
+def test_seeds_vmapped_over_are_the_kernels_grid_and_each_seed_is_its_own_problem():
+  problems = [_problem(4, (16,), 2, 32, seed=s) for s in range(3)]
+  net = problems[0][0]
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[p[1:] for p in problems])
+  loss = fused_loss.FusedQLearningLoss(double_q=True, huber_delta=1.0)
+
+  def one(online, target, batch, weights, mask):
+    return jax.value_and_grad(lambda p: loss(net.apply, p, target, batch, weights, mask),
+                              has_aux=True)(online)
+
+  batched = jax.jit(jax.vmap(one))(*stacked)
+  for s, problem in enumerate(problems):
+    reference = _value_and_grad(losses.QLearningLoss(double_q=True, huber_delta=1.0), *problem)
+    _assert_same(reference, jax.tree.map(lambda x, s=s: x[s], batched))
+
+
+def test_double_q_breaks_ties_as_rlax_does_with_the_first_greedy_action():
+  net, online, target, batch, weights, mask = _problem(5, (8,), 4, 16)
+  online = dict(online)
+  online["q_head/linear"] = jax.tree.map(jnp.zeros_like, online["q_head/linear"])  # All tie.
+  fused = _value_and_grad(fused_loss.FusedQLearningLoss(double_q=True), net, online, target,
+                          batch, weights, mask)
+  q_t = net.apply(target, batch.next_observation).q_values
+  q_taken = jnp.zeros(16)  # The online head is zero: every Q-value is 0.
+  expected = jax.vmap(rlax.double_q_learning)(
+      jnp.zeros((16, 4)), batch.action, batch.reward, batch.discount, q_t, jnp.zeros((16, 4)))
+  np.testing.assert_allclose(fused[0][1].td_error, expected, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(expected, batch.reward + batch.discount * q_t[:, 0] - q_taken,
+                             rtol=1e-6, atol=1e-6)
+
+
+def test_the_gradient_is_the_losss_finite_difference_and_scales_with_the_loss():
+  net, online, target, batch, weights, mask = _problem(3, (5,), 2, 16, seed=3)
+  loss = fused_loss.FusedQLearningLoss(huber_delta=1.0)
+
+  def value(params):
+    return loss(net.apply, params, target, batch, weights, mask)[0]
+
+  grads = jax.jit(jax.grad(value))(online)
+  tripled = jax.jit(jax.grad(lambda p: 3.0 * value(p)))(online)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, 3.0 * b, rtol=1e-6), tripled, grads)
+  value = jax.jit(value)
+  layer, eps = "mlp_torso/mlp/~/linear_0", 1e-2
+  for index in [(0, 0), (2, 4), (1, 3)]:
+    bumped = [jax.tree.map(jnp.copy, online) for _ in range(2)]
+    for sign, params in zip((1.0, -1.0), bumped):
+      params[layer] = dict(params[layer], w=params[layer]["w"].at[index].add(sign * eps))
+    numeric = (float(value(bumped[0])) - float(value(bumped[1]))) / (2 * eps)
+    np.testing.assert_allclose(float(grads[layer]["w"][index]), numeric, rtol=2e-2, atol=1e-4)
+
+
+def test_nothing_to_learn_from_gives_zero_loss_and_gradient_not_nan():
+  net, online, target, batch, weights, _ = _problem(4, (16,), 2, 32)
+  (loss, extras), grads = _value_and_grad(fused_loss.FusedQLearningLoss(), net, online, target,
+                                          batch, weights, np.zeros(32, np.float32))
+  assert float(loss) == 0.0 and float(extras.metrics["td_error_abs_mean"]) == 0.0
+  assert all(float(jnp.max(jnp.abs(g))) == 0.0 for g in jax.tree.leaves(grads))
+
+
+def test_layers_are_ordered_by_number_and_other_networks_are_refused():
+  net = networks_lib.make_networks(_spec(3, 2), hidden_sizes=(4,) * 11)
+  names = fused_loss.mlp_layer_names(net.init(jax.random.PRNGKey(0)))
+  assert names[-1] == "q_head/linear" and names[10].endswith("linear_10")
+  assert [n.rsplit("_", 1)[-1] for n in names[:-1]] == [str(i) for i in range(11)]
+  dueling = networks_lib.make_networks(_spec(3, 2), hidden_sizes=(4,), dueling=True)
+  with pytest.raises(ValueError, match="MLP torso with a linear Q head"):
+    fused_loss.mlp_layer_names(dueling.init(jax.random.PRNGKey(0)))
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (dict(dueling=True), "dueling"), (dict(distributional=True), "distributional"),
+    (dict(iqn=True), "iqn"), (dict(munchausen=True), "munchausen"),
+    (dict(noisy=True), "noisy"), (dict(layer_norm=True), "layer_norm"),
+    (dict(torso="nature_conv"), "torso"),
+])
+def test_what_the_kernel_does_not_compute_is_refused_naming_fused_loss(overrides, named):
+  with pytest.raises(ConfigError, match=rf"`fused_loss`=True: .*`{named}`"):
+    DQNConfig(fused_loss=True, **overrides)
+
+
+def test_images_that_take_a_conv_torso_are_refused_before_anything_is_built():
+  builder = DQNBuilder(DQNConfig(fused_loss=True))
+  with pytest.raises(ValueError, match="`fused_loss`=True: .*take a conv torso"):
+    builder.make_networks(_spec(0, 3, image=True), "gymnax:Breakout-MinAtar")
+  assert isinstance(builder.make_loss(), fused_loss.FusedQLearningLoss)
+  assert isinstance(DQNBuilder(DQNConfig()).make_loss(), losses.QLearningLoss)
