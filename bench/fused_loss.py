@@ -1,0 +1,120 @@
+"""The anakin training chunk with the fused loss kernel beside the same chunk with XLA's loss.
+
+  python -m bench.fused_loss --flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg \\
+      --seed_counts=1,2048 --total_steps=200000 --repeats=3 --num_warps=4,8
+
+For each seed count, the run's programs (init and every chunk of the
+command's run flags, on one device: one seed unbatched, more vmapped, as
+`launch.run_dqn` lays out a device's block of seeds) are compiled with the
+rlax loss through autodiff (`--fused_loss=False`) and with the fused loss
+(acme_jax_dqn/fused_loss.py), once per `--num_warps` value (Triton warps
+per seed's program, `fused_loss.NUM_WARPS`). They are called in turn, a
+warm-up round first; the table gives each program's compile seconds, its
+median run, the median ratio of env steps/s (fused over XLA) and how far
+the fused run's parameters ended from XLA's (the largest difference over
+the largest parameter: both train the same math, with their own float
+rounding, and on a GPU with TensorFloat-32 dots, so long runs drift
+apart). On a GPU the kernel is compiled with Triton; elsewhere Pallas
+interprets it, which tests this script and times nothing of use.
+"""
+
+import dataclasses
+import os
+import statistics
+import sys
+
+from absl import app
+from absl import flags
+import jax
+import numpy as np
+
+from acme_jax_dqn import envs
+from acme_jax_dqn import fused_loss
+from acme_jax_dqn import xla_setup
+from agents.dqn.builder import DQNBuilder
+from launch import cli
+from launch import flags as launch_flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # For `bench`.
+from bench import anakin_programs  # pylint: disable=wrong-import-position
+from bench import harness  # pylint: disable=wrong-import-position
+
+launch_flags.define_flags()
+flags.DEFINE_list("seed_counts", ["1", "2048"], "Seeds on the one device, one program each.")
+flags.DEFINE_list("num_warps", [str(fused_loss.NUM_WARPS)],
+                  "Triton warps per seed's program of the fused kernel; one program each.")
+flags.DEFINE_integer("repeats", 3, "Timed rounds per seed count after the warm-up round.")
+flags.DEFINE_string("out", "", "Markdown table to write (default: "
+                    "bench/results/fused_loss_<backend>.md).")
+FLAGS = flags.FLAGS
+DEFAULT = "default"  # The run's structure: warm-up loops, acting apart, XLA's options.
+
+
+def drift(params, reference) -> float:
+  """The largest parameter difference over the largest reference parameter."""
+  pairs = list(zip(jax.tree.leaves(params), jax.tree.leaves(reference)))
+  top = max(float(np.max(np.abs(b))) for _, b in pairs)
+  return max(float(np.max(np.abs(a - b))) for a, b in pairs) / top
+
+
+def main(argv):
+  del argv
+  config, experiment = harness.anakin_run_flags(FLAGS.repeats)
+  try:
+    counts = [int(c) for c in FLAGS.seed_counts]
+    warps = [int(w) for w in FLAGS.num_warps]
+  except ValueError:
+    counts = warps = []
+  if not counts or min(counts) < 1 or not warps or min(warps) < 1:
+    harness.bad_input(f"--seed_counts={','.join(FLAGS.seed_counts)} --num_warps="
+                      f"{','.join(FLAGS.num_warps)}: give whole numbers of 1 or more.")
+  try:  # A network or loss the kernel does not compute: the run's own one-line refusal.
+    fused_config = dataclasses.replace(config, fused_loss=True)
+    env = envs.make_jax_environment(experiment.env)
+    DQNBuilder(fused_config).make_networks(env.spec, experiment.env)
+  except ValueError as error:
+    harness.bad_input(cli.flag_terms(error))
+  structure = {DEFAULT: (None, None, None)}
+  names = ["XLA's loss"] + [f"fused, {w} warps" for w in warps]
+  table = harness.PrintedTable(
+      ["seeds", "compile s (" + ", ".join(names) + ")", "run s (same order)",
+       "fused / XLA (env steps/s)", "parameter drift (fused from XLA)"],
+      summary=harness.jax_here())
+  medians = []
+  for num_seeds in counts:
+    progs = {}
+    with xla_setup.prng_impl(experiment.prng_impl):
+      built, plan, _ = anakin_programs.programs(
+          experiment, dataclasses.replace(config, fused_loss=False), num_seeds, structure)
+      progs[names[0]] = built[DEFAULT]
+      saved = fused_loss.NUM_WARPS
+      try:
+        for name, num_warps in zip(names[1:], warps):
+          fused_loss.NUM_WARPS = num_warps  # Read when the kernel is traced, in `programs`.
+          built, _, _ = anakin_programs.programs(experiment, fused_config, num_seeds, structure)
+          progs[name] = built[DEFAULT]
+      finally:
+        fused_loss.NUM_WARPS = saved
+      times, results = anakin_programs.timed_rounds(progs, FLAGS.repeats)
+    xla_params = results[names[0]][0]
+    ratios = {n: statistics.median(x / f for x, f in zip(times[names[0]], times[n]))
+              for n in names[1:]}
+    medians.append(max(ratios.values()))
+    table.add(
+        f"| {num_seeds} | " + ", ".join(f"{progs[n][0]:.1f}" for n in names) + " | "
+        + ", ".join(f"{statistics.median(times[n]):.2f}" for n in names) + " | "
+        + ", ".join(f"{n}: **{r:.2f}x**" for n, r in ratios.items()) + " | "
+        + ", ".join(f"{drift(results[n][0], xla_params):.1e}" for n in names[1:]) + " |")
+  table.close(
+      FLAGS.out or f"bench/results/fused_loss_{jax.default_backend()}.md",
+      f"compared: the run's programs of the command's run flags ({plan.num_chunks} chunk(s) of "
+      f"{plan.iterations_per_chunk:,} iterations, {plan.env_steps:,} env steps per seed) "
+      "with XLA's loss (rlax through autodiff) and with the fused loss kernel "
+      f"({'Triton' if jax.default_backend() == 'gpu' else 'interpreted by Pallas'}), called "
+      f"in turn, {FLAGS.repeats} timed rounds per seed count after a warm-up round; the best "
+      "warps' median ratio of env steps/s, fused over XLA: "
+      + ", ".join(f"{n} seed(s) {m:.2f}x" for n, m in zip(counts, medians)) + ".")
+
+
+if __name__ == "__main__":
+  app.run(main)
