@@ -2,3 +2,9 @@
 
 LR_SCHEDULES = ("constant", "linear", "cosine")  # acme_jax_dqn.learning's schedules.
 TORSOS = ("auto", "mlp", "nature_conv", "minatar_conv")  # acme_jax_dqn.networks' torsos.
+# The widest layer acme_jax_dqn.fused_loss's kernel holds (inputs, hidden units and actions):
+# padded to a power of two, a layer of 256 asks a Triton program for 256 KiB of shared memory,
+# more than an H100's or H200's 227 KiB.
+FUSED_LOSS_MAX_WIDTH = 128
+FUSED_LOSS_TAKES = ("Q-learning or double Q-learning (`double_q`) of an MLP torso with a "
+                    "linear Q head")

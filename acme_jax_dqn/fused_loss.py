@@ -30,6 +30,7 @@ path.
 
 import dataclasses
 import functools
+import math
 import re
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -39,7 +40,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from acme_jax_dqn import networks
+from acme_jax_dqn import specs
 from acme_jax_dqn import xla_setup
+from acme_jax_dqn.choices import FUSED_LOSS_MAX_WIDTH, FUSED_LOSS_TAKES
 from acme_jax_dqn.losses import LossExtras
 from acme_jax_dqn.types import Params, Transition
 
@@ -68,6 +72,23 @@ def mlp_layer_names(params: Params) -> List[str]:
                      f"distributional, quantile, noisy or LayerNorm layers); got layers "
                      f"{sorted(params)}.")
   return names
+
+
+def check_input(spec: specs.EnvironmentSpec, torso: str, env_name: str = "") -> None:
+  """A ValueError naming `fused_loss` for observations or actions the kernel cannot take."""
+  shape = tuple(spec.observations.shape)
+  of_env = f" of {env_name}" if env_name else ""
+  if networks.choose_torso(shape, torso) != "mlp":
+    raise ValueError(
+        f"`fused_loss`=True: its kernel computes {FUSED_LOSS_TAKES}, and observations of "
+        f"shape {shape}{of_env} take a conv torso under `torso`={torso}. Drop `fused_loss`.")
+  widths = {"observations": math.prod(shape),
+            "actions": specs.check_discrete_actions(spec, env_name)}
+  for what, width in widths.items():
+    if width > FUSED_LOSS_MAX_WIDTH:
+      raise ValueError(
+          f"`fused_loss`=True: its kernel holds layers of at most {FUSED_LOSS_MAX_WIDTH} "
+          f"units, and the {what}{of_env} have {width}. Drop `fused_loss`.")
 
 
 def _iota(shape, axis):

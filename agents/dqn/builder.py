@@ -24,7 +24,7 @@ from acme_jax_dqn import specs
 from acme_jax_dqn import xla_setup
 from acme_jax_dqn.envs.gymnax_adapter import GymnaxEnv
 from acme_jax_dqn.types import Transition
-from agents.dqn.config import FUSED_LOSS_TAKES, SMALLER_NETWORK, ConfigError, DQNConfig
+from agents.dqn.config import SMALLER_NETWORK, ConfigError, DQNConfig
 
 
 class DQNBuilder:
@@ -43,12 +43,8 @@ class DQNBuilder:
   def make_networks(self, spec: specs.EnvironmentSpec,
                     env_name: str = "") -> networks_lib.Networks:
     c = self.config
-    if c.fused_loss and networks_lib.choose_torso(spec.observations.shape, c.torso) != "mlp":
-      raise ValueError(
-          f"`fused_loss`=True: its kernel computes {FUSED_LOSS_TAKES}, and "
-          f"observations of shape {tuple(spec.observations.shape)}"
-          f"{' of ' + env_name if env_name else ''} take a conv torso under `torso`={c.torso}. "
-          "Drop `fused_loss`.")
+    if c.fused_loss:  # Before anything is built: what the kernel cannot take, in one line.
+      fused_loss.check_input(spec, c.torso, env_name)
     return networks_lib.make_networks(
         spec, hidden_sizes=c.hidden_sizes, dueling=c.dueling,
         distributional=c.distributional, num_atoms=c.num_atoms,
@@ -80,9 +76,8 @@ class DQNBuilder:
     if c.munchausen:
       return losses.MunchausenLoss(alpha=c.munchausen_alpha, tau=c.munchausen_tau,
                                    clip_min=c.munchausen_clip, huber_delta=c.huber_delta)
-    if c.fused_loss:
-      return fused_loss.FusedQLearningLoss(double_q=c.double_q, huber_delta=c.huber_delta)
-    return losses.QLearningLoss(double_q=c.double_q, huber_delta=c.huber_delta)
+    q_loss = fused_loss.FusedQLearningLoss if c.fused_loss else losses.QLearningLoss
+    return q_loss(double_q=c.double_q, huber_delta=c.huber_delta)
 
   def make_optimizer(self) -> optax.GradientTransformation:
     c = self.config

@@ -4,7 +4,7 @@ import dataclasses
 import math
 from typing import Tuple
 
-from acme_jax_dqn.choices import LR_SCHEDULES, TORSOS
+from acme_jax_dqn.choices import FUSED_LOSS_MAX_WIDTH, FUSED_LOSS_TAKES, LR_SCHEDULES, TORSOS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +44,7 @@ class DQNConfig:
     hidden_sizes: MLP layer sizes (after the convolutions for image torsos).
     torso: "auto" (MLP for vectors, Nature conv for images, MinAtar conv for images under 36x36), "mlp", "nature_conv" or "minatar_conv".
     huber_delta: Huber loss threshold; 0 uses the squared loss 0.5 * td**2.
-    fused_loss: the TD loss and its gradient in one Pallas kernel per seed, with the batch and every activation kept in the kernel (acme_jax_dqn/fused_loss.py): for GPUs (Triton); elsewhere Pallas interprets it, slower than the default. Q-learning or double Q-learning of an MLP torso with a linear Q head only.
+    fused_loss: the TD loss and its gradient in one Pallas kernel per seed, with the batch and every activation kept in the kernel (acme_jax_dqn/fused_loss.py): for GPUs (Triton); elsewhere Pallas interprets it, slower than the default. Q-learning or double Q-learning of an MLP torso with a linear Q head only, at most 128 inputs, units per layer and actions.
     reward_clip: clip each env reward to [-c, c] before the n-step sum, as DQN and Rainbow on Atari (0: off; episode returns stay unclipped).
     learning_rate: Adam step size (initial value when a schedule is set).
     learning_rate_schedule: "constant", "linear" or "cosine" decay over learner steps.
@@ -341,8 +341,6 @@ _NOT_WITH_PQN = {
 
 
 # What the fused loss's kernel does not compute: it holds Q-learning of a plain MLP Q-network.
-FUSED_LOSS_TAKES = ("Q-learning or double Q-learning (`double_q`) of an MLP torso with a "
-                    "linear Q head")
 _NOT_WITH_FUSED_LOSS = ("pqn", "distributional", "quantile", "iqn", "munchausen", "dueling",
                         "noisy", "layer_norm")
 
@@ -355,6 +353,11 @@ def _check_fused_loss(c: DQNConfig) -> None:
   if c.torso not in ("auto", "mlp"):
     fail("fused_loss", True, f"its kernel computes {FUSED_LOSS_TAKES}, not `torso`="
          f"{c.torso}. Drop `fused_loss` or use `torso`=mlp.")
+  if max(c.hidden_sizes) > FUSED_LOSS_MAX_WIDTH:
+    fail("fused_loss", True, f"its kernel holds layers of at most {FUSED_LOSS_MAX_WIDTH} "
+         f"units, and `hidden_sizes`={','.join(map(str, c.hidden_sizes))} has "
+         f"{max(c.hidden_sizes)}. Use `hidden_sizes` of at most {FUSED_LOSS_MAX_WIDTH} each, "
+         "or drop `fused_loss`.")
 
 
 def _check_pqn(c: DQNConfig) -> None:

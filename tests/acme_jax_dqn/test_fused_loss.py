@@ -153,15 +153,21 @@ def test_layers_are_ordered_by_number_and_other_networks_are_refused():
     (dict(iqn=True), "iqn"), (dict(munchausen=True), "munchausen"),
     (dict(noisy=True), "noisy"), (dict(layer_norm=True), "layer_norm"),
     (dict(torso="nature_conv"), "torso"),
+    (dict(hidden_sizes=(64, 256)), "hidden_sizes"),
 ])
 def test_what_the_kernel_does_not_compute_is_refused_naming_fused_loss(overrides, named):
-  with pytest.raises(ConfigError, match=rf"`fused_loss`=True: .*`{named}`"):
+  with pytest.raises(ConfigError, match=rf"^`fused_loss`=True: .*`{named}`"):
     DQNConfig(fused_loss=True, **overrides)
 
 
-def test_images_that_take_a_conv_torso_are_refused_before_anything_is_built():
-  builder = DQNBuilder(DQNConfig(fused_loss=True))
+def test_inputs_the_kernel_cannot_take_are_refused_before_anything_is_built():
+  builder = DQNBuilder(DQNConfig(fused_loss=True, hidden_sizes=(128,)))
   with pytest.raises(ValueError, match="`fused_loss`=True: .*take a conv torso"):
     builder.make_networks(_spec(0, 3, image=True), "gymnax:Breakout-MinAtar")
+  with pytest.raises(ValueError, match="at most 128 units, and the observations have 129"):
+    builder.make_networks(_spec(129, 3))
+  with pytest.raises(ValueError, match="at most 128 units, and the actions of X have 200"):
+    builder.make_networks(_spec(4, 200), "X")
+  assert builder.make_networks(_spec(128, 128)).num_actions == 128  # The widest it takes.
   assert isinstance(builder.make_loss(), fused_loss.FusedQLearningLoss)
   assert isinstance(DQNBuilder(DQNConfig()).make_loss(), losses.QLearningLoss)

@@ -115,6 +115,8 @@ def test_a_command_line_flag_overrides_a_contradicting_flag_of_the_flagfile():
     (["--resume"], "--resume: no checkpoint"),
     (["--run_mode=anakin", "--env=gymnax:CartPole-v1", "--resume"], "--resume: no checkpoint"),
     (["--fused_loss", "--dueling"], "--fused_loss=True: its kernel computes"),
+    (["--fused_loss", "--hidden_sizes=256,256"], "--fused_loss=True: its kernel holds layers of "
+     "at most 128 units, and --hidden_sizes=256,256 has 256."),
 ])
 def test_bad_input_exits_nonzero_with_a_clear_error(args, expected, tmp_path):
   result = run_dqn(f"--flagfile={TINY}", f"--logdir={tmp_path / 'run'}", *args, timeout=120)
