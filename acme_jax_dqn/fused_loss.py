@@ -17,7 +17,8 @@ program of the grid); elsewhere Pallas interprets it, for tests. Array
 sizes in a Triton kernel are powers of two, so each dimension is padded
 inside the kernel (the padded rows, columns and actions are masked to
 zero, or to -inf where actions are maximised), and a dot's sides are at
-least 16. Batches of more than `ROW_BLOCK` rows go through in blocks whose
+least 16. Triton reads and writes a block at its array's strides, past
+the array's edges, so every read and write is masked to the array. Batches of more than `ROW_BLOCK` rows go through in blocks whose
 gradients add up. The dots are Triton's, at its default precision for
 float32 (TensorFloat-32 on GPUs that have it, as XLA's default precision
 for float32 matmuls on those GPUs).
@@ -95,19 +96,31 @@ def _iota(shape, axis):
   return jax.lax.broadcasted_iota(jnp.int32, shape, axis)
 
 
-def _masked(x, *sizes):
-  """`x` (a padded block) with every element past the true `sizes` set to 0."""
-  keep = None
-  for axis, size in enumerate(sizes):
-    if size < x.shape[axis]:
-      inside = _iota(x.shape, axis) < size
-      keep = inside if keep is None else keep & inside
-  return x if keep is None else jnp.where(keep, x, 0.0)
+def _inside(shape, bounds):
+  """True where a block's element lies within the array: below `bounds` on every axis."""
+  inside = None
+  for axis, bound in enumerate(bounds):
+    if isinstance(bound, int) and bound >= shape[axis]:
+      continue
+    axis_inside = _iota(shape, axis) < bound
+    inside = axis_inside if inside is None else inside & axis_inside
+  return jnp.ones(shape, bool) if inside is None else inside
 
 
-def _masked_rows(x, rows: chex.Array, columns: int):
-  """`x` (a block of rows) with the rows from `rows` on and the columns from `columns` on 0."""
-  return jnp.where((_iota(x.shape, 0) < rows) & (_iota(x.shape, 1) < columns), x, 0.0)
+def _load(ref, bounds, index=None):
+  """`ref[index]`, a padded block, with 0 past `bounds` (the array's extent on each axis).
+
+  Triton reads a block at the array's strides and does not stop at its
+  edges: every read and write of the kernel is masked to the array.
+  """
+  view = ref if index is None else ref.at[index]
+  return pltriton.load(view, mask=_inside(view.shape, bounds), other=0)
+
+
+def _store(ref, value, bounds, index=None):
+  """Writes `value` to `ref[index]` within `bounds` (see `_load`)."""
+  view = ref if index is None else ref.at[index]
+  pltriton.store(view, value, mask=_inside(view.shape, bounds))
 
 
 def _stat_vector(values, width: int):
@@ -131,22 +144,21 @@ def _kernel(*refs, sizes: Sequence[int], batch_size: int, double_q: bool,
   stats_ref, td_ref, *grad_refs = refs[7 + 4 * num_layers:]
 
   def weight(param_refs, i):  # Read where it is used: fewer values live at once.
-    return _masked(param_refs[2 * i][...], sizes[i], sizes[i + 1])
+    return _load(param_refs[2 * i], (sizes[i], sizes[i + 1]))
 
   def forward(param_refs, x):
     """The Q-values and each layer's input (for backpropagation)."""
     inputs = []
     for i in range(num_layers):
       inputs.append(x)
-      x = pltriton.dot(x, weight(param_refs, i)) + _masked(param_refs[2 * i + 1][...],
-                                                     sizes[i + 1])[None, :]
+      x = pltriton.dot(x, weight(param_refs, i)) + _load(param_refs[2 * i + 1],
+                                                         (sizes[i + 1],))[None, :]
       if i < num_layers - 1:
         x = jnp.maximum(x, 0.0)
     return x, inputs
 
   padded_rows = obs_ref.shape[0]
-  mask = _masked(mask_ref[...], batch_size)
-  count = jnp.maximum(jnp.sum(mask), 1.0)
+  count = jnp.maximum(jnp.sum(_load(mask_ref, (batch_size,))), 1.0)
 
   def one_block(index, carry):
     totals, grads = carry
@@ -158,7 +170,8 @@ def _kernel(*refs, sizes: Sequence[int], batch_size: int, double_q: bool,
     valid = row[:, None] & (columns < num_actions)
     # The bootstrap values first: the target (and selector) network's activations are gone
     # before the online network's, kept for backpropagation, are made.
-    next_obs = _masked_rows(next_obs_ref[block, :], rows_left, sizes[0])
+    rows, obs_bounds = (rows_left,), (rows_left, sizes[0])
+    next_obs = _load(next_obs_ref, obs_bounds, (block, slice(None)))
     q_t = forward(target_refs, next_obs)[0]
     if double_q:  # The online network's first greedy action, evaluated by the target network.
       selector = jnp.where(valid, forward(online_refs, next_obs)[0], -jnp.inf)
@@ -167,13 +180,14 @@ def _kernel(*refs, sizes: Sequence[int], batch_size: int, double_q: bool,
       bootstrap = jnp.sum(jnp.where(columns == first[:, None], q_t, 0.0), axis=1)
     else:
       bootstrap = jnp.max(jnp.where(valid, q_t, -jnp.inf), axis=1)
-    q_tm1, inputs = forward(online_refs, _masked_rows(obs_ref[block, :], rows_left, sizes[0]))
-    taken = valid & (columns == action_ref[block][:, None])
+    q_tm1, inputs = forward(online_refs, _load(obs_ref, obs_bounds, (block, slice(None))))
+    taken = valid & (columns == _load(action_ref, rows, block)[:, None])
     q_taken = jnp.sum(jnp.where(taken, q_tm1, 0.0), axis=1)
-    td = jnp.where(row, reward_ref[block] + discount_ref[block] * bootstrap - q_taken, 0.0)
-    td_ref[block] = td
-    block_mask = jnp.where(row, mask_ref[block], 0.0)
-    scale = jnp.where(row, weight_ref[block], 0.0) * block_mask
+    td = jnp.where(row, _load(reward_ref, rows, block)
+                   + _load(discount_ref, rows, block) * bootstrap - q_taken, 0.0)
+    _store(td_ref, td, rows, block)
+    block_mask = _load(mask_ref, rows, block)
+    scale = _load(weight_ref, rows, block) * block_mask
     if huber_delta > 0:  # rlax.huber_loss and its derivative.
       quadratic = jnp.minimum(jnp.abs(td), huber_delta)
       per_example = 0.5 * quadratic * quadratic + huber_delta * (jnp.abs(td) - quadratic)
@@ -200,12 +214,13 @@ def _kernel(*refs, sizes: Sequence[int], batch_size: int, double_q: bool,
   start = (0.0, 0.0, 0.0, 0.0, jnp.inf, -jnp.inf)
   totals, grads = jax.lax.fori_loop(0, padded_rows // row_block, one_block,
                                     (tuple(jnp.float32(x) for x in start), zeros))
-  for ref, value in zip(grad_refs, grads):
-    ref[...] = value
+  for i in range(num_layers):
+    _store(grad_refs[2 * i], grads[2 * i], (sizes[i], sizes[i + 1]))
+    _store(grad_refs[2 * i + 1], grads[2 * i + 1], (sizes[i + 1],))
   loss, td_sum, td_abs_sum, q_sum, q_min, q_max = totals
-  stats_ref[...] = _stat_vector(
+  _store(stats_ref, _stat_vector(
       (loss / count, td_sum / count, td_abs_sum / count, q_sum / (batch_size * num_actions),
-       q_min, q_max), stats_ref.shape[0])
+       q_min, q_max), stats_ref.shape[0]), (len(STATS),))
 
 
 def _full(shape):
@@ -215,9 +230,9 @@ def _full(shape):
 
 def _run_kernel(arrays, layer_shapes, batch_size: int, double_q: bool, huber_delta: float,
                 interpret: bool):
-  """The kernel on one seed's arrays: (stats [8], td [B], gradients as (w, b) per layer)."""
+  """The kernel on one seed's arrays: (metrics [len(STATS)], td [B], (w, b) gradients per layer)."""
   sizes = [layer_shapes[0][0]] + [w[1] for w in layer_shapes]
-  out_shapes = [jax.ShapeDtypeStruct((8,), jnp.float32),
+  out_shapes = [jax.ShapeDtypeStruct((len(STATS),), jnp.float32),
                 jax.ShapeDtypeStruct((batch_size,), jnp.float32)]
   for shape in layer_shapes:
     out_shapes += [jax.ShapeDtypeStruct(shape, jnp.float32),

@@ -2,6 +2,8 @@
 autodiff, a finite-difference gradient, and the configurations it refuses."""
 
 import jax
+from jax._src.pallas import primitives as pallas_primitives
+from jax._src.state import primitives as state_primitives
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -136,6 +138,40 @@ def test_nothing_to_learn_from_gives_zero_loss_and_gradient_not_nan():
                                           batch, weights, np.zeros(32, np.float32))
   assert float(loss) == 0.0 and float(extras.metrics["td_error_abs_mean"]) == 0.0
   assert all(float(jnp.max(jnp.abs(g))) == 0.0 for g in jax.tree.leaves(grads))
+
+
+def _equations(jaxpr, out):
+  """Every equation of `jaxpr` and of the jaxprs inside its equations (loops, the kernel)."""
+  for eqn in jaxpr.eqns:
+    out.append(eqn)
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (list, tuple)) else [value]:
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          _equations(inner, out)
+  return out
+
+
+def test_every_read_and_write_of_the_kernel_is_masked_to_its_array():
+  """Triton reads and writes a block at its array's strides, past the array's edges unless
+  masked (a padded [16, 128] block of a [4, 120] weight would write into the next row and past
+  the end); the interpreter pads instead, so the other tests cannot see it."""
+  net, online, target, batch, weights, mask = _problem(4, (120, 84), 2, 7)
+  loss = fused_loss.FusedQLearningLoss(double_q=True)
+  program = jax.make_jaxpr(lambda p: loss(net.apply, p, target, batch, weights, mask))(online)
+  calls = [e for e in _equations(program.jaxpr, []) if e.primitive.name == "pallas_call"]
+  assert len(calls) == 1
+  kernel = _equations(calls[0].params["jaxpr"], [])
+  masked = {pallas_primitives.load_p: 2, pallas_primitives.swap_p: 3}  # The mask's argument.
+  accesses = [e for e in kernel if e.primitive in masked]
+  # 7 batch inputs; weights and biases: 3 layers x (online twice for double Q, target); 6
+  # gradients, the TD errors and the metrics written.
+  assert len(accesses) >= 7 + 3 * 2 * 3 + 8
+  for eqn in accesses:
+    args = jax.tree_util.tree_unflatten(eqn.params["args_tree"], eqn.invars)
+    assert args[masked[eqn.primitive]] is not None, eqn
+  assert not [e for e in kernel if e.primitive in (state_primitives.get_p,
+                                                   state_primitives.swap_p)]
 
 
 def test_layers_are_ordered_by_number_and_other_networks_are_refused():
