@@ -18,7 +18,8 @@ sizes in a Triton kernel are powers of two, so each dimension is padded
 inside the kernel (the padded rows, columns and actions are masked to
 zero, or to -inf where actions are maximised), and a dot's sides are at
 least 16. Triton reads and writes a block at its array's strides, past
-the array's edges, so every read and write is masked to the array. Batches of more than `ROW_BLOCK` rows go through in blocks whose
+the array's edges, so every read and write is masked to the array.
+Batches of more than `ROW_BLOCK` rows go through in blocks whose
 gradients add up. The dots are Triton's, at its default precision for
 float32 (TensorFloat-32 on GPUs that have it, as XLA's default precision
 for float32 matmuls on those GPUs).
@@ -75,8 +76,10 @@ def mlp_layer_names(params: Params) -> List[str]:
   return names
 
 
-def check_input(spec: specs.EnvironmentSpec, torso: str, env_name: str = "") -> None:
-  """A ValueError naming `fused_loss` for observations or actions the kernel cannot take."""
+def check_input(spec: specs.EnvironmentSpec, torso: str, hidden_sizes: Sequence[int],
+                batch_size: int, double_q: bool, huber_delta: float, env_name: str = "") -> None:
+  """A ValueError naming `fused_loss` for observations or actions the kernel cannot take, or
+  (on a GPU) a network it cannot hold (`check_fits`)."""
   shape = tuple(spec.observations.shape)
   of_env = f" of {env_name}" if env_name else ""
   if networks.choose_torso(shape, torso) != "mlp":
@@ -90,6 +93,8 @@ def check_input(spec: specs.EnvironmentSpec, torso: str, env_name: str = "") -> 
       raise ValueError(
           f"`fused_loss`=True: its kernel holds layers of at most {FUSED_LOSS_MAX_WIDTH} "
           f"units, and the {what}{of_env} have {width}. Drop `fused_loss`.")
+  check_fits(widths["observations"], hidden_sizes, widths["actions"], batch_size, double_q,
+             huber_delta)
 
 
 def _iota(shape, axis):
@@ -123,6 +128,36 @@ def _store(ref, value, bounds, index=None):
   pltriton.store(view, value, mask=_inside(view.shape, bounds))
 
 
+# Triton's float max and min drop a NaN (max(NaN, 0) is 0), where XLA's return it: a NaN
+# observation or activation would then give a finite loss and gradient, which the learner's
+# non-finite guard lets through. The kernel's maxima and minima are selects, or reductions
+# of arrays whose NaNs are made infinities first, so a NaN still ends as a non-finite loss.
+def _relu(x):
+  return jnp.where(x < 0.0, 0.0, x)  # NaN < 0 is false: NaN stays.
+
+
+def _clip(x, bound: float):
+  return jnp.where(x > bound, bound, jnp.where(x < -bound, -bound, x))
+
+
+def _larger(a, b):
+  return jnp.where(a < b, b, a)  # A NaN in `a` stays (and the kernel's `b` has none).
+
+
+def _smaller(a, b):
+  return jnp.where(a > b, b, a)
+
+
+def _max(x, axis=None):
+  """The largest element, +inf where a NaN is (where XLA's max would give NaN)."""
+  return jnp.max(jnp.where(jnp.isnan(x), jnp.inf, x), axis=axis)
+
+
+def _min(x, axis=None):
+  """The smallest element, -inf where a NaN is."""
+  return jnp.min(jnp.where(jnp.isnan(x), -jnp.inf, x), axis=axis)
+
+
 def _stat_vector(values, width: int):
   out = jnp.zeros((width,), jnp.float32)
   for i, value in enumerate(values):
@@ -154,11 +189,10 @@ def _kernel(*refs, sizes: Sequence[int], batch_size: int, double_q: bool,
       x = pltriton.dot(x, weight(param_refs, i)) + _load(param_refs[2 * i + 1],
                                                          (sizes[i + 1],))[None, :]
       if i < num_layers - 1:
-        x = jnp.maximum(x, 0.0)
+        x = _relu(x)
     return x, inputs
 
-  padded_rows = obs_ref.shape[0]
-  count = jnp.maximum(jnp.sum(_load(mask_ref, (batch_size,))), 1.0)
+  count = _larger(jnp.sum(_load(mask_ref, (batch_size,))), 1.0)
 
   def one_block(index, carry):
     totals, grads = carry
@@ -174,12 +208,14 @@ def _kernel(*refs, sizes: Sequence[int], batch_size: int, double_q: bool,
     next_obs = _load(next_obs_ref, obs_bounds, (block, slice(None)))
     q_t = forward(target_refs, next_obs)[0]
     if double_q:  # The online network's first greedy action, evaluated by the target network.
+      # A NaN counts as the largest value, as jnp.argmax takes it (rlax.double_q_learning).
       selector = jnp.where(valid, forward(online_refs, next_obs)[0], -jnp.inf)
-      best = jnp.max(selector, axis=1)
+      selector = jnp.where(jnp.isnan(selector), jnp.inf, selector)
+      best = _max(selector, axis=1)
       first = jnp.min(jnp.where(selector == best[:, None], columns, num_actions), axis=1)
       bootstrap = jnp.sum(jnp.where(columns == first[:, None], q_t, 0.0), axis=1)
     else:
-      bootstrap = jnp.max(jnp.where(valid, q_t, -jnp.inf), axis=1)
+      bootstrap = _max(jnp.where(valid, q_t, -jnp.inf), axis=1)
     q_tm1, inputs = forward(online_refs, _load(obs_ref, obs_bounds, (block, slice(None))))
     taken = valid & (columns == _load(action_ref, rows, block)[:, None])
     q_taken = jnp.sum(jnp.where(taken, q_tm1, 0.0), axis=1)
@@ -189,16 +225,16 @@ def _kernel(*refs, sizes: Sequence[int], batch_size: int, double_q: bool,
     block_mask = _load(mask_ref, rows, block)
     scale = _load(weight_ref, rows, block) * block_mask
     if huber_delta > 0:  # rlax.huber_loss and its derivative.
-      quadratic = jnp.minimum(jnp.abs(td), huber_delta)
+      quadratic = _smaller(jnp.abs(td), huber_delta)
       per_example = 0.5 * quadratic * quadratic + huber_delta * (jnp.abs(td) - quadratic)
-      slope = jnp.clip(td, -huber_delta, huber_delta)
+      slope = _clip(td, huber_delta)
     else:  # rlax.l2_loss.
       per_example, slope = 0.5 * td * td, td
     totals = (totals[0] + jnp.sum(per_example * scale), totals[1] + jnp.sum(td * block_mask),
               totals[2] + jnp.sum(jnp.abs(td) * block_mask),
               totals[3] + jnp.sum(jnp.where(valid, q_tm1, 0.0)),
-              jnp.minimum(totals[4], jnp.min(jnp.where(valid, q_tm1, jnp.inf))),
-              jnp.maximum(totals[5], jnp.max(jnp.where(valid, q_tm1, -jnp.inf))))
+              _smaller(totals[4], _min(jnp.where(valid, q_tm1, jnp.inf))),
+              _larger(totals[5], _max(jnp.where(valid, q_tm1, -jnp.inf))))
     # d loss / d q_tm1: only the taken action's Q-value, through -td.
     grad = jnp.where(taken, -(slope * scale / count)[:, None], 0.0)
     grads = list(grads)
@@ -212,7 +248,8 @@ def _kernel(*refs, sizes: Sequence[int], batch_size: int, double_q: bool,
 
   zeros = tuple(jnp.zeros(ref.shape, jnp.float32) for ref in grad_refs)
   start = (0.0, 0.0, 0.0, 0.0, jnp.inf, -jnp.inf)
-  totals, grads = jax.lax.fori_loop(0, padded_rows // row_block, one_block,
+  num_blocks = -(-batch_size // row_block)  # None of padding alone.
+  totals, grads = jax.lax.fori_loop(0, num_blocks, one_block,
                                     (tuple(jnp.float32(x) for x in start), zeros))
   for i in range(num_layers):
     _store(grad_refs[2 * i], grads[2 * i], (sizes[i], sizes[i + 1]))
@@ -249,6 +286,44 @@ def _run_kernel(arrays, layer_shapes, batch_size: int, double_q: bool, huber_del
       out_specs=[_full(s.shape) for s in out_shapes],
       compiler_params=compiler_params, interpret=interpret, name="fused_q_learning_loss",
   )(*arrays)
+
+
+_SHARED_MEMORY = re.compile(r"Shared memory size limit exceeded: requested (\d+), available: (\d+)")
+
+
+def check_fits(observation_size: int, hidden_sizes: Sequence[int], num_actions: int,
+               batch_size: int, double_q: bool, huber_delta: float,
+               compile_kernel: Optional[Any] = None) -> None:
+  """On a GPU, compiles the kernel alone for these sizes: a ValueError naming `fused_loss` when
+  the GPU lacks the shared memory it asks for (it depends on every layer's width, the batch
+  and `double_q`), before the run's programs compile. Elsewhere the kernel is interpreted and
+  this does nothing. `compile_kernel(fn, *shapes)` replaces the compile (for a GPU compiler
+  without the GPU)."""
+  if compile_kernel is None:
+    if jax.default_backend() != "gpu":
+      return
+    compile_kernel = lambda fn, *shapes: jax.jit(fn).lower(*shapes).compile()  # noqa: E731
+  widths = [observation_size, *hidden_sizes, num_actions]
+  layer_shapes = list(zip(widths[:-1], widths[1:]))
+  f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)  # noqa: E731
+  arrays = [f32(batch_size, observation_size), f32(batch_size, observation_size),
+            jax.ShapeDtypeStruct((batch_size,), jnp.int32), *[f32(batch_size)] * 4]
+  for _ in range(2):  # Online and target.
+    arrays += [x for w in layer_shapes for x in (f32(*w), f32(w[1]))]
+  try:
+    compile_kernel(lambda *a: _run_kernel(a, layer_shapes, batch_size, double_q, huber_delta,
+                                          interpret=False), *arrays)
+  except Exception as error:  # pylint: disable=broad-except
+    found = _SHARED_MEMORY.search(str(error))
+    if not found:
+      raise
+    requested, available = (int(n) / 1024 for n in found.groups())
+    raise ValueError(
+        f"`fused_loss`=True: its kernel asks for {requested:.0f} KiB of the GPU's shared "
+        f"memory per program, and this GPU has {available:.0f} KiB (layers "
+        f"{','.join(map(str, widths))}, `batch_size`={batch_size}, `double_q`={double_q}). "
+        "Use narrower layers (`hidden_sizes`) or `double_q`=False, or drop `fused_loss`."
+    ) from None
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

@@ -44,7 +44,8 @@ class DQNBuilder:
                     env_name: str = "") -> networks_lib.Networks:
     c = self.config
     if c.fused_loss:  # Before anything is built: what the kernel cannot take, in one line.
-      fused_loss.check_input(spec, c.torso, env_name)
+      fused_loss.check_input(spec, c.torso, c.hidden_sizes, c.batch_size, c.double_q,
+                             c.huber_delta, env_name)
     return networks_lib.make_networks(
         spec, hidden_sizes=c.hidden_sizes, dueling=c.dueling,
         distributional=c.distributional, num_atoms=c.num_atoms,
@@ -70,9 +71,8 @@ class DQNBuilder:
           tau=c.munchausen_tau, clip_min=c.munchausen_clip, huber_kappa=c.quantile_huber_kappa)
     if c.iqn:
       return losses.ImplicitQuantileLoss(
-          num_taus=c.iqn_num_taus, num_target_taus=c.iqn_num_target_taus,
-          num_policy_taus=c.iqn_num_policy_taus, double_q=c.double_q,
-          huber_kappa=c.quantile_huber_kappa)
+          num_taus=c.iqn_num_taus, num_target_taus=c.iqn_num_target_taus, double_q=c.double_q,
+          num_policy_taus=c.iqn_num_policy_taus, huber_kappa=c.quantile_huber_kappa)
     if c.munchausen:
       return losses.MunchausenLoss(alpha=c.munchausen_alpha, tau=c.munchausen_tau,
                                    clip_min=c.munchausen_clip, huber_delta=c.huber_delta)

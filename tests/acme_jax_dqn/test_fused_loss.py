@@ -69,13 +69,15 @@ def _assert_same(reference, fused, rtol=2e-5, atol=1e-6):
     (4, (120, 84), 2, 128),  # CartPole at PureJaxRL's sizes: one block of 128 rows.
     (6, (20,), 5, 7),  # Fewer rows than a block: most of the block is padding.
     (17, (33, 40, 9), 3, 200),  # Two blocks, the second mostly padding; three hidden layers.
+    (3, (16,), 2, 300),  # Three blocks of 128, the last with 44 rows.
 ])
 def test_the_kernel_computes_rlax_q_learning_and_its_gradient(double_q, huber_delta, shape):
   net, online, target, batch, weights, mask = _problem(*shape)
   reference = _value_and_grad(losses.QLearningLoss(double_q=double_q, huber_delta=huber_delta),
                               net, online, target, batch, weights, mask)
   fused = _value_and_grad(fused_loss.FusedQLearningLoss(double_q=double_q,
-                                                        huber_delta=huber_delta),
+                                                        huber_delta=huber_delta,
+                                                        interpret=True),
                           net, online, target, batch, weights, mask)
   assert float(reference[0][0]) > 0
   _assert_same(reference, fused)
@@ -85,7 +87,7 @@ def test_seeds_vmapped_over_are_the_kernels_grid_and_each_seed_is_its_own_proble
   problems = [_problem(4, (16,), 2, 32, seed=s) for s in range(3)]
   net = problems[0][0]
   stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[p[1:] for p in problems])
-  loss = fused_loss.FusedQLearningLoss(double_q=True, huber_delta=1.0)
+  loss = fused_loss.FusedQLearningLoss(double_q=True, huber_delta=1.0, interpret=True)
 
   def one(online, target, batch, weights, mask):
     return jax.value_and_grad(lambda p: loss(net.apply, p, target, batch, weights, mask),
@@ -98,23 +100,59 @@ def test_seeds_vmapped_over_are_the_kernels_grid_and_each_seed_is_its_own_proble
 
 
 def test_double_q_breaks_ties_as_rlax_does_with_the_first_greedy_action():
+  """Selector Q-values (0, 1, 1, -1) for every row: the first greedy action is 1, as argmax."""
   net, online, target, batch, weights, mask = _problem(5, (8,), 4, 16)
   online = dict(online)
-  online["q_head/linear"] = jax.tree.map(jnp.zeros_like, online["q_head/linear"])  # All tie.
-  fused = _value_and_grad(fused_loss.FusedQLearningLoss(double_q=True), net, online, target,
-                          batch, weights, mask)
+  online["q_head/linear"] = {"w": jnp.zeros((8, 4)), "b": jnp.array([0.0, 1.0, 1.0, -1.0])}
+  (_, extras), _ = _value_and_grad(fused_loss.FusedQLearningLoss(double_q=True, interpret=True),
+                                   net, online, target, batch, weights, mask)
   q_t = net.apply(target, batch.next_observation).q_values
-  q_taken = jnp.zeros(16)  # The online head is zero: every Q-value is 0.
+  q_s = jnp.broadcast_to(online["q_head/linear"]["b"], (16, 4))
   expected = jax.vmap(rlax.double_q_learning)(
-      jnp.zeros((16, 4)), batch.action, batch.reward, batch.discount, q_t, jnp.zeros((16, 4)))
-  np.testing.assert_allclose(fused[0][1].td_error, expected, rtol=1e-6, atol=1e-6)
-  np.testing.assert_allclose(expected, batch.reward + batch.discount * q_t[:, 0] - q_taken,
-                             rtol=1e-6, atol=1e-6)
+      q_s, batch.action, batch.reward, batch.discount, q_t, q_s)
+  np.testing.assert_allclose(extras.td_error, expected, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(
+      expected, batch.reward + batch.discount * q_t[:, 1] - q_s[0, batch.action],
+      rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("field", ["observation", "next_observation"])
+@pytest.mark.parametrize("double_q", [False, True])
+def test_a_nan_input_gives_a_non_finite_loss_as_xlas_loss_does(field, double_q):
+  """A NaN must reach the loss, so that the learner's non-finite guard skips the update:
+  Triton's float max and min drop NaNs, so the kernel's ReLU, maxima and clips are selects."""
+  net, online, target, batch, weights, mask = _problem(4, (16,), 3, 16)
+  mask = np.ones(16, np.float32)
+  values = np.array(getattr(batch, field))
+  values[5, 2] = np.nan
+  batch = batch._replace(**{field: values})
+  for loss in (losses.QLearningLoss(double_q=double_q),
+               fused_loss.FusedQLearningLoss(double_q=double_q, interpret=True)):
+    (value, extras), grads = _value_and_grad(loss, net, online, target, batch, weights, mask)
+    assert not np.isfinite(float(value)), loss
+    assert not np.isfinite(float(extras.td_error[5])) and np.isfinite(extras.td_error[6])
+
+
+def test_the_kernel_takes_no_float_max_or_min_that_would_drop_a_nan():
+  net, online, target, batch, weights, mask = _problem(4, (16, 16), 3, 16)
+  loss = fused_loss.FusedQLearningLoss(double_q=True, huber_delta=1.0, interpret=True)
+  program = jax.make_jaxpr(lambda p: loss(net.apply, p, target, batch, weights, mask))(online)
+  kernel_call, = [e for e in _equations(program.jaxpr, []) if e.primitive.name == "pallas_call"]
+  kernel = _equations(kernel_call.params["jaxpr"], [])
+  assert not [e for e in kernel if e.primitive in (jax.lax.max_p, jax.lax.min_p)]
+  made_by = {v: e for e in kernel for v in e.outvars}
+  reductions = [e for e in kernel if e.primitive in (jax.lax.reduce_max_p, jax.lax.reduce_min_p)
+                and e.invars[0].aval.dtype == jnp.float32]
+  assert len(reductions) == 3  # Double Q's best selector value, q_min, q_max.
+  for eqn in reductions:  # Each reduces a select (jnp.where) that made its NaNs infinities.
+    producer = made_by[eqn.invars[0]]
+    assert producer.primitive is jax.lax.select_n_p or (
+        producer.primitive.name in ("jit", "pjit") and producer.params["name"] == "_where"), eqn
 
 
 def test_the_gradient_is_the_losss_finite_difference_and_scales_with_the_loss():
   net, online, target, batch, weights, mask = _problem(3, (5,), 2, 16, seed=3)
-  loss = fused_loss.FusedQLearningLoss(huber_delta=1.0)
+  loss = fused_loss.FusedQLearningLoss(huber_delta=1.0, interpret=True)
 
   def value(params):
     return loss(net.apply, params, target, batch, weights, mask)[0]
@@ -134,8 +172,9 @@ def test_the_gradient_is_the_losss_finite_difference_and_scales_with_the_loss():
 
 def test_nothing_to_learn_from_gives_zero_loss_and_gradient_not_nan():
   net, online, target, batch, weights, _ = _problem(4, (16,), 2, 32)
-  (loss, extras), grads = _value_and_grad(fused_loss.FusedQLearningLoss(), net, online, target,
-                                          batch, weights, np.zeros(32, np.float32))
+  (loss, extras), grads = _value_and_grad(fused_loss.FusedQLearningLoss(interpret=True), net,
+                                          online, target, batch, weights,
+                                          np.zeros(32, np.float32))
   assert float(loss) == 0.0 and float(extras.metrics["td_error_abs_mean"]) == 0.0
   assert all(float(jnp.max(jnp.abs(g))) == 0.0 for g in jax.tree.leaves(grads))
 
@@ -204,6 +243,43 @@ def test_inputs_the_kernel_cannot_take_are_refused_before_anything_is_built():
     builder.make_networks(_spec(129, 3))
   with pytest.raises(ValueError, match="at most 128 units, and the actions of X have 200"):
     builder.make_networks(_spec(4, 200), "X")
-  assert builder.make_networks(_spec(128, 128)).num_actions == 128  # The widest it takes.
+  # The widest layers the width check takes; on a GPU `check_fits` asks the compiler too.
+  assert builder.make_networks(_spec(128, 128)).num_actions == 128
   assert isinstance(builder.make_loss(), fused_loss.FusedQLearningLoss)
   assert isinstance(DQNBuilder(DQNConfig()).make_loss(), losses.QLearningLoss)
+
+
+# XLA's words when a Triton program asks for more shared memory than the GPU has (a
+# deviceless H200 compile of layers 128,128,128,128 with double Q, batch 128).
+_XLA_SHARED_MEMORY_ERROR = ("RESOURCE_EXHAUSTED: Shared memory size limit exceeded: requested "
+                            "278528, available: 232448, context: []")
+
+
+def test_a_network_the_gpu_cannot_hold_is_refused_from_the_compilers_answer():
+  compiled = []
+
+  def refusing(fn, *shapes):
+    compiled.append(shapes)
+    raise RuntimeError(_XLA_SHARED_MEMORY_ERROR)
+
+  with pytest.raises(ValueError) as refused:
+    fused_loss.check_fits(128, (128, 128), 128, 128, True, 1.0, compile_kernel=refusing)
+  assert str(refused.value) == (
+      "`fused_loss`=True: its kernel asks for 272 KiB of the GPU's shared memory per program, "
+      "and this GPU has 227 KiB (layers 128,128,128,128, `batch_size`=128, `double_q`=True). "
+      "Use narrower layers (`hidden_sizes`) or `double_q`=False, or drop `fused_loss`.")
+  shapes, = compiled  # The kernel alone: 7 batch arrays, then online and target (w, b) x 3.
+  assert len(shapes) == 7 + 2 * 2 * 3 and shapes[0].shape == (128, 128)
+  assert [s.shape for s in shapes[7:13]] == [(128, 128), (128,)] * 3
+
+  def other_error(fn, *shapes):
+    raise RuntimeError("INTERNAL: something else")
+
+  with pytest.raises(RuntimeError, match="something else"):
+    fused_loss.check_fits(4, (16,), 2, 32, False, 1.0, compile_kernel=other_error)
+  fused_loss.check_fits(4, (16,), 2, 32, False, 1.0, compile_kernel=lambda fn, *shapes: None)
+
+
+def test_off_a_gpu_the_kernel_is_interpreted_and_nothing_is_compiled_to_check_it():
+  assert jax.default_backend() == "cpu"
+  fused_loss.check_fits(128, (128, 128), 128, 128, True, 1.0)  # Would not fit on an H200.
