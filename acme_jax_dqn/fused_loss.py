@@ -148,13 +148,11 @@ def _smaller(a, b):
   return jnp.where(a > b, b, a)
 
 
-def _max(x, axis=None):
-  """The largest element, +inf where a NaN is (where XLA's max would give NaN)."""
+def _max(x, axis=None):  # The largest element; +inf where a NaN is (XLA's max gives NaN).
   return jnp.max(jnp.where(jnp.isnan(x), jnp.inf, x), axis=axis)
 
 
-def _min(x, axis=None):
-  """The smallest element, -inf where a NaN is."""
+def _min(x, axis=None):  # The smallest element; -inf where a NaN is.
   return jnp.min(jnp.where(jnp.isnan(x), -jnp.inf, x), axis=axis)
 
 
@@ -288,22 +286,23 @@ def _run_kernel(arrays, layer_shapes, batch_size: int, double_q: bool, huber_del
   )(*arrays)
 
 
+_FITS: set = set()  # Sizes this process's GPU was found to hold (`check_fits`).
 _SHARED_MEMORY = re.compile(r"Shared memory size limit exceeded: requested (\d+), available: (\d+)")
 
 
 def check_fits(observation_size: int, hidden_sizes: Sequence[int], num_actions: int,
                batch_size: int, double_q: bool, huber_delta: float,
                compile_kernel: Optional[Any] = None) -> None:
-  """On a GPU, compiles the kernel alone for these sizes: a ValueError naming `fused_loss` when
-  the GPU lacks the shared memory it asks for (it depends on every layer's width, the batch
-  and `double_q`), before the run's programs compile. Elsewhere the kernel is interpreted and
-  this does nothing. `compile_kernel(fn, *shapes)` replaces the compile (for a GPU compiler
-  without the GPU)."""
-  if compile_kernel is None:
-    if jax.default_backend() != "gpu":
+  """On a GPU, compiles the kernel alone for these sizes: a ValueError naming `fused_loss` if the
+  GPU lacks the shared memory it asks for (set by every layer, the batch and `double_q`).
+  Elsewhere it does nothing. `compile_kernel(fn, *shapes)` replaces the compile (a GPU
+  compiler without the GPU)."""
+  widths = [observation_size, *hidden_sizes, num_actions]
+  key = (*widths, batch_size, double_q, huber_delta) if compile_kernel is None else None
+  if key is not None:
+    if jax.default_backend() != "gpu" or key in _FITS:
       return
     compile_kernel = lambda fn, *shapes: jax.jit(fn).lower(*shapes).compile()  # noqa: E731
-  widths = [observation_size, *hidden_sizes, num_actions]
   layer_shapes = list(zip(widths[:-1], widths[1:]))
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)  # noqa: E731
   arrays = [f32(batch_size, observation_size), f32(batch_size, observation_size),
@@ -324,6 +323,8 @@ def check_fits(observation_size: int, hidden_sizes: Sequence[int], num_actions: 
         f"{','.join(map(str, widths))}, `batch_size`={batch_size}, `double_q`={double_q}). "
         "Use narrower layers (`hidden_sizes`) or `double_q`=False, or drop `fused_loss`."
     ) from None
+  if key is not None:
+    _FITS.add(key)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

@@ -14,14 +14,17 @@ median run, the median ratio of env steps/s (fused over XLA) and how far
 the fused run's parameters ended from XLA's (the largest difference over
 the largest parameter: both train the same math, with their own float
 rounding, and on a GPU with TensorFloat-32 dots, so long runs drift
-apart). On a GPU the kernel is compiled with Triton; elsewhere Pallas
-interprets it, which tests this script and times nothing of use.
+apart). First it checks the kernel against XLA's loss on one batch of
+the run's shapes (loss, TD errors and gradients). On a GPU the kernel
+is compiled with Triton; elsewhere Pallas interprets it, which tests
+this script and times nothing of use.
 """
 
 import dataclasses
 import os
 import statistics
 import sys
+from typing import Dict
 
 from absl import app
 from absl import flags
@@ -30,7 +33,9 @@ import numpy as np
 
 from acme_jax_dqn import envs
 from acme_jax_dqn import fused_loss
+from acme_jax_dqn import losses
 from acme_jax_dqn import xla_setup
+from acme_jax_dqn.types import Transition
 from agents.dqn.builder import DQNBuilder
 from launch import cli
 from launch import flags as launch_flags
@@ -57,6 +62,38 @@ def drift(params, reference) -> float:
   return max(float(np.max(np.abs(a - b))) for a, b in pairs) / top
 
 
+def one_batch_error(config, networks, spec) -> Dict[str, float]:
+  """The kernel against XLA's loss on one random batch of the run's shapes: the largest
+  difference of the loss, the TD errors and the gradients, each over the largest value of
+  XLA's (the kernel as the run compiles it: Triton on a GPU, interpreted elsewhere)."""
+  rng = np.random.default_rng(0)
+  size, shape = config.batch_size, (config.batch_size, *spec.observations.shape)
+  batch = Transition(
+      observation=rng.normal(size=shape).astype(np.float32),
+      action=rng.integers(0, spec.actions.num_values, size).astype(np.int32),
+      reward=rng.normal(size=size).astype(np.float32),
+      discount=rng.choice([0.0, config.discount], size).astype(np.float32),
+      next_observation=rng.normal(size=shape).astype(np.float32))
+  weights = rng.uniform(0.1, 1.0, size).astype(np.float32)
+  online, target = networks.init(jax.random.PRNGKey(1)), networks.init(jax.random.PRNGKey(2))
+  out = []
+  for loss in (losses.QLearningLoss(config.double_q, config.huber_delta),
+               fused_loss.FusedQLearningLoss(config.double_q, config.huber_delta)):
+    out.append(jax.device_get(jax.jit(jax.value_and_grad(
+        lambda p, loss=loss: loss(networks.apply, p, target, batch, weights), has_aux=True))(
+            online)))
+  ((xla_loss, xla_extras), xla_grads), ((loss, extras), grads) = out
+
+  def relative(a, b):
+    pairs = list(zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    return (max(float(np.max(np.abs(x - y))) for x, y in pairs)
+            / max(float(np.max(np.abs(y))) for _, y in pairs))
+
+  return {"loss": relative(loss, xla_loss), "TD errors": relative(extras.td_error,
+                                                                   xla_extras.td_error),
+          "gradients": relative(grads, xla_grads)}
+
+
 def main(argv):
   del argv
   config, experiment = harness.anakin_run_flags(FLAGS.repeats)
@@ -71,9 +108,11 @@ def main(argv):
   try:  # A network or loss the kernel does not compute: the run's own one-line refusal.
     fused_config = dataclasses.replace(config, fused_loss=True)
     env = envs.make_jax_environment(experiment.env)
-    DQNBuilder(fused_config).make_networks(env.spec, experiment.env)
+    networks = DQNBuilder(fused_config).make_networks(env.spec, experiment.env)
   except ValueError as error:
     harness.bad_input(cli.flag_terms(error))
+  with xla_setup.prng_impl(experiment.prng_impl):
+    errors = one_batch_error(fused_config, networks, env.spec)
   structure = {DEFAULT: (None, None, None)}
   names = ["XLA's loss"] + [f"fused, {w} warps" for w in warps]
   table = harness.PrintedTable(
@@ -113,7 +152,10 @@ def main(argv):
       f"({'Triton' if jax.default_backend() == 'gpu' else 'interpreted by Pallas'}), called "
       f"in turn, {FLAGS.repeats} timed rounds per seed count after a warm-up round; the best "
       "warps' median ratio of env steps/s, fused over XLA: "
-      + ", ".join(f"{n} seed(s) {m:.2f}x" for n, m in zip(counts, medians)) + ".")
+      + ", ".join(f"{n} seed(s) {m:.2f}x" for n, m in zip(counts, medians)) + ". One batch of "
+      f"the run's shapes ({config.batch_size} transitions), the kernel against XLA's loss, "
+      "largest difference over XLA's largest value: "
+      + ", ".join(f"{name} {value:.1e}" for name, value in errors.items()) + ".")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ times."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -244,6 +245,8 @@ def test_the_fused_loss_bench_trains_the_run_with_both_losses_to_the_same_parame
   drifts = [float(d) for d in rows[0][4].split(",")]
   # Above 0: the fused programs did not run XLA's loss; far below 1: the same training.
   assert len(drifts) == 2 and all(0 < d < 1e-5 for d in drifts), rows
+  found = re.search(r"loss (\S+), TD errors (\S+), gradients (\S+)\.", out.read_text())
+  assert found and all(float(e) < 1e-5 for e in found.groups()), out.read_text()[-400:]
 
 
 def test_compiler_option_sets_parse_into_bools_and_text():
