@@ -46,7 +46,7 @@ from acme_jax_dqn import networks
 from acme_jax_dqn import specs
 from acme_jax_dqn import xla_setup
 from acme_jax_dqn.choices import FUSED_LOSS_MAX_WIDTH, FUSED_LOSS_TAKES
-from acme_jax_dqn.losses import LossExtras
+from acme_jax_dqn.losses import LossExtras, default_weights_and_mask
 from acme_jax_dqn.types import Params, Transition
 
 # Warps per seed's program, and the batch's rows per block: Triton tuning knobs (a 128 x 128
@@ -375,7 +375,7 @@ class FusedQLearningLoss:
     del apply_fn  # The kernel applies the MLP itself.
     chex.assert_rank(batch.action, 1)
     batch_size = batch.action.shape[0]
-    ones = jnp.ones((batch_size,), jnp.float32)
+    weights, mask = default_weights_and_mask(batch, weights, mask)
     names = mlp_layer_names(online_params)
 
     def layers(params):
@@ -387,8 +387,7 @@ class FusedQLearningLoss:
     batch_arrays = (flat(batch.observation), flat(batch.next_observation),
                     batch.action.astype(jnp.int32), batch.reward.astype(jnp.float32),
                     batch.discount.astype(jnp.float32),
-                    ones if weights is None else weights.astype(jnp.float32),
-                    ones if mask is None else mask.astype(jnp.float32))
+                    weights.astype(jnp.float32), mask.astype(jnp.float32))
     interpret = (xla_setup.target_platform() != "gpu" if self.interpret is None
                  else self.interpret)
     stats, td_error = _loss_and_stats(

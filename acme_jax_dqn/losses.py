@@ -41,7 +41,8 @@ def _td_metrics(td_error, q_tm1, mask) -> Dict[str, chex.Array]:
   }
 
 
-def _defaults(batch: Transition, weights, mask):
+def default_weights_and_mask(batch: Transition, weights, mask):
+  """Ones for the importance weights and the mask a loss was not given."""
   batch_size = batch.action.shape[0]
   if weights is None:
     weights = jnp.ones((batch_size,), jnp.float32)
@@ -71,7 +72,7 @@ class QLearningLoss:
                mask: Optional[chex.Array] = None):
     """Returns (scalar loss, LossExtras) for a batch of transitions."""
     chex.assert_rank(batch.action, 1)
-    weights, mask = _defaults(batch, weights, mask)
+    weights, mask = default_weights_and_mask(batch, weights, mask)
     q_tm1 = apply_fn(online_params, batch.observation).q_values  # [B, A]
     q_t_value = apply_fn(target_params, batch.next_observation).q_values  # [B, A]
     if self.double_q:
@@ -104,7 +105,7 @@ class ReturnRegressionLoss:
     """Returns (scalar loss, LossExtras); `target_params` is not used."""
     del target_params
     chex.assert_rank(batch.action, 1)
-    weights, mask = _defaults(batch, weights, mask)
+    weights, mask = default_weights_and_mask(batch, weights, mask)
     q_tm1 = apply_fn(online_params, batch.observation).q_values  # [B, A]
     td_error = batch.target_return - rlax.batched_index(q_tm1, batch.action)
     return _td_loss(td_error, q_tm1, weights, mask, self.huber_delta)
@@ -128,7 +129,7 @@ class CategoricalLoss:
                mask: Optional[chex.Array] = None):
     """Returns (scalar loss, LossExtras) for a batch of transitions."""
     chex.assert_rank(batch.action, 1)
-    weights, mask = _defaults(batch, weights, mask)
+    weights, mask = default_weights_and_mask(batch, weights, mask)
     out_tm1 = apply_fn(online_params, batch.observation)
     out_t = apply_fn(target_params, batch.next_observation)
     if self.double_q:
@@ -178,7 +179,7 @@ class QuantileLoss:
                mask: Optional[chex.Array] = None):
     """Returns (scalar loss, LossExtras) for a batch of transitions."""
     chex.assert_rank(batch.action, 1)
-    weights, mask = _defaults(batch, weights, mask)
+    weights, mask = default_weights_and_mask(batch, weights, mask)
     out_tm1 = apply_fn(online_params, batch.observation)
     out_t = apply_fn(target_params, batch.next_observation)
     selector = (apply_fn(online_params, batch.next_observation) if self.double_q else out_t)
@@ -217,7 +218,7 @@ class ImplicitQuantileLoss:
                mask: Optional[chex.Array] = None):
     """Returns (scalar loss, LossExtras) for a batch of transitions."""
     chex.assert_rank(batch.action, 1)
-    weights, mask = _defaults(batch, weights, mask)
+    weights, mask = default_weights_and_mask(batch, weights, mask)
     out_tm1 = apply_fn(online_params, batch.observation, num_taus=self.num_taus)
     out_t = apply_fn(target_params, batch.next_observation, num_taus=self.num_target_taus)
     selector = apply_fn(online_params if self.double_q else target_params,
@@ -255,7 +256,7 @@ class MunchausenLoss:
                mask: Optional[chex.Array] = None):
     """Returns (scalar loss, LossExtras) for a batch of transitions."""
     chex.assert_rank(batch.action, 1)
-    weights, mask = _defaults(batch, weights, mask)
+    weights, mask = default_weights_and_mask(batch, weights, mask)
     q_tm1 = apply_fn(online_params, batch.observation).q_values  # [B, A]
     q_t_target = apply_fn(target_params, batch.next_observation).q_values  # [B, A]
     bonus, pi_t, tau_log_pi_t = _munchausen_terms(
@@ -299,7 +300,7 @@ class MunchausenImplicitQuantileLoss:
                mask: Optional[chex.Array] = None):
     """Returns (scalar loss, LossExtras) for a batch of transitions."""
     chex.assert_rank(batch.action, 1)
-    weights, mask = _defaults(batch, weights, mask)
+    weights, mask = default_weights_and_mask(batch, weights, mask)
     out_tm1 = apply_fn(online_params, batch.observation, num_taus=self.num_taus)
     out_t = apply_fn(target_params, batch.next_observation, num_taus=self.num_target_taus)
     policy_q = lambda obs: apply_fn(target_params, obs, num_taus=self.num_policy_taus).q_values

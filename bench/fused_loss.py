@@ -56,7 +56,7 @@ DEFAULT = "default"  # The run's structure: warm-up loops, acting apart, XLA's o
 
 
 def drift(params, reference) -> float:
-  """The largest parameter difference over the largest reference parameter."""
+  """The largest difference between two trees over the largest value of `reference`."""
   pairs = list(zip(jax.tree.leaves(params), jax.tree.leaves(reference)))
   top = max(float(np.max(np.abs(b))) for _, b in pairs)
   return max(float(np.max(np.abs(a - b))) for a, b in pairs) / top
@@ -83,15 +83,8 @@ def one_batch_error(config, networks, spec) -> Dict[str, float]:
         lambda p, loss=loss: loss(networks.apply, p, target, batch, weights), has_aux=True))(
             online)))
   ((xla_loss, xla_extras), xla_grads), ((loss, extras), grads) = out
-
-  def relative(a, b):
-    pairs = list(zip(jax.tree.leaves(a), jax.tree.leaves(b)))
-    return (max(float(np.max(np.abs(x - y))) for x, y in pairs)
-            / max(float(np.max(np.abs(y))) for _, y in pairs))
-
-  return {"loss": relative(loss, xla_loss), "TD errors": relative(extras.td_error,
-                                                                   xla_extras.td_error),
-          "gradients": relative(grads, xla_grads)}
+  return {"loss": drift(loss, xla_loss), "TD errors": drift(extras.td_error, xla_extras.td_error),
+          "gradients": drift(grads, xla_grads)}
 
 
 def main(argv):
