@@ -2,6 +2,8 @@
 
 LR_SCHEDULES = ("constant", "linear", "cosine")  # acme_jax_dqn.learning's schedules.
 TORSOS = ("auto", "mlp", "nature_conv", "minatar_conv")  # acme_jax_dqn.networks' torsos.
+# How the conv torsos convolve: image patches times a matrix, or lax.conv (cuDNN on NVIDIA GPUs).
+CONV_IMPLS = ("auto", "patches", "lax_conv")
 # The widest layer acme_jax_dqn.fused_loss's kernel holds (inputs, hidden units and actions):
 # padded to a power of two, a layer of 256 asks a Triton program for 256 KiB of shared memory,
 # more than an H100's or H200's 227 KiB.

@@ -1,5 +1,6 @@
 """Haiku Q-networks: MLP, Nature-DQN and MinAtar conv torsos, the heads of acme_jax_dqn/heads.py, `make_networks`."""
 
+import functools
 from typing import Callable, NamedTuple, Optional, Sequence
 
 import chex
@@ -10,7 +11,7 @@ import numpy as np
 
 from acme_jax_dqn import specs as specs_lib
 from acme_jax_dqn import xla_setup
-from acme_jax_dqn.choices import TORSOS
+from acme_jax_dqn.choices import CONV_IMPLS, TORSOS
 from acme_jax_dqn.heads import (CategoricalHead, Dense, DuelingHead, ImplicitQuantileHead,
                                 NetworkOutput, QHead, QuantileHead)
 from acme_jax_dqn.types import Params
@@ -65,18 +66,20 @@ class NatureConvTorso(hk.Module):
   """The conv torso of Mnih et al. 2015 (Nature DQN), then an MLP (512 in the paper)."""
 
   def __init__(self, hidden_sizes: Sequence[int], layer_norm: bool = False,
-               dense: Dense = Dense(), name: str = "nature_conv_torso"):
+               dense: Dense = Dense(), name: str = "nature_conv_torso", conv_impl: str = "auto"):
     super().__init__(name=name)
     self._hidden_sizes, self._layer_norm, self._dense = tuple(hidden_sizes), layer_norm, dense
+    self._patches = conv_impl == "patches"  # auto: lax.conv, as patches measured no faster
+    # on the CPU (bench/conv_speed.py).
 
   def __call__(self, observation: chex.Array) -> chex.Array:
     x = observation.astype(jnp.float32)
     if observation.dtype == jnp.uint8:
       x = x / 255.0  # Pixels arrive as uint8; scale once here, not in replay.
-    # lax.conv here: as patches it measured no faster (bench/conv_speed.py).
-    x = jax.nn.relu(hk.Conv2D(32, kernel_shape=8, stride=4, padding="VALID")(x))
-    x = jax.nn.relu(hk.Conv2D(64, kernel_shape=4, stride=2, padding="VALID")(x))
-    x = jax.nn.relu(hk.Conv2D(64, kernel_shape=3, stride=1, padding="VALID")(x))
+    for channels, size, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
+      conv = (PatchConv2D(channels, size, stride, use_patches=True) if self._patches
+              else hk.Conv2D(channels, kernel_shape=size, stride=stride, padding="VALID"))
+      x = jax.nn.relu(conv(x))
     return hidden_layers(hk.Flatten()(x), self._hidden_sizes, self._layer_norm, self._dense)
 
 
@@ -85,14 +88,16 @@ class PatchConv2D(hk.Module):
 
   The same function, parameters (`w` [k, k, C, F], `b` [F]), names and
   initialiser as `hk.Conv2D(F, k, stride, padding="VALID")`, so
-  checkpoints of either load in the other. On the CPU it gathers the k*k
-  strided slices of the input and multiplies them by `w`; elsewhere (GPU,
-  TPU) it calls `lax.conv_general_dilated`. The MinAtar torso uses it: in
+  checkpoints of either load in the other. With patches (by default on the
+  CPU) it gathers the k*k strided slices of the input and multiplies them
+  by `w`; otherwise (by default on GPUs and TPUs) it calls
+  `lax.conv_general_dilated`. `conv_impl` picks either. The MinAtar torso uses it: in
   the compiled anakin program on MinAtar Breakout the run is 1.5x faster
   than with `lax.conv` on this CPU (`python bench/conv_speed.py`, end to
   end), though a gradient timed alone is not faster (same bench), so the
   gain comes from how XLA compiles the whole program; the Nature torso
-  keeps `hk.Conv2D`, where patches measured no faster.
+  keeps `hk.Conv2D` (unless `conv_impl`=patches), where patches measured
+  no faster.
   tests/test_networks.py checks both paths against hk.Conv2D.
   """
 
@@ -126,12 +131,14 @@ class MinAtarConvTorso(hk.Module):
   """The torso of Young & Tian 2019 (MinAtar): one 3x3 conv of 16 filters, stride 1, then an MLP (128)."""
 
   def __init__(self, hidden_sizes: Sequence[int], layer_norm: bool = False,
-               dense: Dense = Dense(), name: str = "minatar_conv_torso"):
+               dense: Dense = Dense(), name: str = "minatar_conv_torso", conv_impl: str = "auto"):
     super().__init__(name=name)
     self._hidden_sizes, self._layer_norm, self._dense = tuple(hidden_sizes), layer_norm, dense
+    self._patches = None if conv_impl == "auto" else conv_impl == "patches"
 
   def __call__(self, observation: chex.Array) -> chex.Array:
-    x = jax.nn.relu(PatchConv2D(16, kernel_size=3)(observation.astype(jnp.float32)))
+    x = observation.astype(jnp.float32)
+    x = jax.nn.relu(PatchConv2D(16, kernel_size=3, use_patches=self._patches)(x))
     return hidden_layers(hk.Flatten()(x), self._hidden_sizes, self._layer_norm, self._dense)
 
 
@@ -199,6 +206,7 @@ def make_networks(
     iqn_num_cosines: int = 64,
     iqn_num_policy_taus: int = 32,
     env_name: str = "",
+    conv_impl: str = "auto",
 ) -> Networks:
   """Builds the Q-network for an environment spec.
 
@@ -224,6 +232,11 @@ def make_networks(
     iqn_num_cosines: cosines of IQN's fraction embedding (64 in the paper).
     iqn_num_policy_taus: fractions behind IQN's Q-values by default (K, 32).
     env_name: used in error messages only.
+    conv_impl: how the conv torsos convolve (one of CONV_IMPLS): "patches"
+      (k x k image patches times a matrix), "lax_conv"
+      (`lax.conv_general_dilated`, cuDNN on NVIDIA GPUs) or "auto" (patches
+      for the MinAtar torso on the CPU, lax.conv otherwise). The MLP torso
+      ignores it.
 
   Returns:
     Pure `Networks` whose `init` binds a dummy observation internally.
@@ -231,8 +244,12 @@ def make_networks(
   num_actions = specs_lib.check_discrete_actions(spec, env_name)
   observation_shape = tuple(spec.observations.shape)
   torso_name = choose_torso(observation_shape, torso)
+  if conv_impl not in CONV_IMPLS:
+    raise ValueError(f"Unknown conv_impl {conv_impl!r}; `conv_impl` must be one of {CONV_IMPLS}.")
   torso_cls = {"mlp": MLPTorso, "nature_conv": NatureConvTorso,
                "minatar_conv": MinAtarConvTorso}[torso_name]
+  if torso_name != "mlp":
+    torso_cls = functools.partial(torso_cls, conv_impl=conv_impl)
 
   def forward(observation: chex.Array, noise: bool = False,
               taus: Optional[chex.Array] = None) -> NetworkOutput:

@@ -53,7 +53,7 @@ class DQNBuilder:
         num_quantiles=c.num_quantiles, layer_norm=c.layer_norm, noisy=c.noisy,
         noisy_torso=c.noisy_torso, noisy_sigma0=c.noisy_sigma0, iqn=c.iqn,
         iqn_num_cosines=c.iqn_num_cosines, iqn_num_policy_taus=c.iqn_num_policy_taus,
-        env_name=env_name)
+        env_name=env_name, conv_impl=c.conv_impl)
 
   def make_loss(self):
     """The variant's loss object: C51, QR-DQN, IQN, M-IQN, Munchausen, PQN's or (double) Q-learning."""

@@ -4,7 +4,8 @@ import dataclasses
 import math
 from typing import Tuple
 
-from acme_jax_dqn.choices import FUSED_LOSS_MAX_WIDTH, FUSED_LOSS_TAKES, LR_SCHEDULES, TORSOS
+from acme_jax_dqn.choices import (CONV_IMPLS, FUSED_LOSS_MAX_WIDTH, FUSED_LOSS_TAKES, LR_SCHEDULES,
+                                  TORSOS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +44,7 @@ class DQNConfig:
     pqn_minibatches: minibatches per pass; num_envs x pqn_rollout_len must divide evenly by it.
     hidden_sizes: MLP layer sizes (after the convolutions for image torsos).
     torso: "auto" (MLP for vectors, Nature conv for images, MinAtar conv for images under 36x36), "mlp", "nature_conv" or "minatar_conv".
+    conv_impl: how the conv torsos convolve: "patches" (the image's k x k patches times a matrix, plain matrix products), "lax_conv" (jax.lax.conv_general_dilated; cuDNN on NVIDIA GPUs) or "auto" (patches for the MinAtar torso on the CPU, where they run faster, lax_conv otherwise). Either gives the same parameters and function.
     huber_delta: Huber loss threshold; 0 uses the squared loss 0.5 * td**2.
     fused_loss: the TD loss and its gradient in one Pallas kernel per seed, with the batch and every activation kept in the kernel (acme_jax_dqn/fused_loss.py): for GPUs (Triton); elsewhere Pallas interprets it, slower than the default. Q-learning or double Q-learning of an MLP torso with a linear Q head only, at most 128 inputs, units per layer and actions.
     reward_clip: clip each env reward to [-c, c] before the n-step sum, as DQN and Rainbow on Atari (0: off; episode returns stay unclipped).
@@ -107,6 +109,7 @@ class DQNConfig:
   pqn_minibatches: int = 32
   hidden_sizes: Tuple[int, ...] = (256, 256)
   torso: str = "auto"
+  conv_impl: str = "auto"
   huber_delta: float = 1.0
   fused_loss: bool = False
   reward_clip: float = 0.0
@@ -266,6 +269,8 @@ def _check(c: DQNConfig) -> None:
     fail("priority_epsilon", c.priority_epsilon, "must be positive.")
   if c.torso not in TORSOS:
     fail("torso", c.torso, f"must be one of {TORSOS}.")
+  if c.conv_impl not in CONV_IMPLS:
+    fail("conv_impl", c.conv_impl, f"must be one of {CONV_IMPLS}.")
   if not c.hidden_sizes or any(h < 1 for h in c.hidden_sizes):
     fail("hidden_sizes", ",".join(map(str, c.hidden_sizes)),
           "must be a comma-separated list of positive layer sizes, e.g. 256,256.")

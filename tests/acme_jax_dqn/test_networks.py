@@ -1,5 +1,6 @@
 """Networks: torso choice from the spec, heads' shapes, dueling zero-mean advantages."""
 
+import chex
 import haiku as hk
 import jax
 import jax.numpy as jnp
@@ -94,6 +95,38 @@ def test_patch_conv_is_haikus_valid_conv_in_params_outputs_and_gradients(
   grads, ref_grads = jax.grad(loss(ours))(params), jax.grad(loss(ref))(params)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3),
                grads, ref_grads)
+
+
+def _convolves(net, params, obs) -> bool:
+  """Whether the network's forward pass calls lax.conv (else its convolutions are matrix products)."""
+  jaxpr = jax.make_jaxpr(lambda p: net.apply(p, obs).q_values)(params)
+  return "conv_general_dilated" in str(jaxpr)
+
+
+@pytest.mark.parametrize("obs_shape, auto_convolves", [((10, 10, 4), False), ((84, 84, 4), True)])
+def test_conv_impl_picks_patches_or_lax_conv_with_the_same_parameters_and_q_values(
+    obs_shape, auto_convolves):
+  """MinAtar and Nature torsos: each conv_impl keeps the parameters; the two paths agree."""
+  spec = _spec(obs_shape=obs_shape)
+  nets = {impl: networks.make_networks(spec, hidden_sizes=(32,), conv_impl=impl)
+          for impl in ("auto", "patches", "lax_conv")}
+  params = nets["lax_conv"].init(jax.random.PRNGKey(0))
+  for impl in ("auto", "patches"):  # The same names, shapes and initial values.
+    chex.assert_trees_all_equal(nets[impl].init(jax.random.PRNGKey(0)), params)
+  params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.PRNGKey(2), p.shape),
+                        params)
+  obs = jax.random.uniform(jax.random.PRNGKey(1), (3, *obs_shape))
+  # On this CPU backend auto means patches for the MinAtar torso, lax.conv for the Nature one.
+  assert _convolves(nets["auto"], params, obs) == auto_convolves
+  assert _convolves(nets["lax_conv"], params, obs) and not _convolves(nets["patches"], params, obs)
+  ref = nets["lax_conv"].apply(params, obs).q_values
+  np.testing.assert_allclose(nets["patches"].apply(params, obs).q_values, ref,
+                             rtol=1e-4, atol=1e-4)
+
+
+def test_unknown_conv_impl_is_refused_naming_it():
+  with pytest.raises(ValueError, match="`conv_impl` must be one of"):
+    networks.make_networks(_spec(obs_shape=(10, 10, 4)), conv_impl="cudnn")
 
 
 @pytest.mark.parametrize("dueling", [False, True])

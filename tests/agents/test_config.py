@@ -20,6 +20,7 @@ from agents.dqn.experiment_config import ExperimentConfig
     ({"discount": 1.5}, "discount"),
     ({"samples_per_insert": 0.0}, "samples_per_insert"),
     ({"torso": "resnet"}, "torso"),
+    ({"conv_impl": "cudnn"}, "conv_impl"),
     ({"munchausen": True, "distributional": True}, "munchausen"),
     ({"munchausen": True, "double_q": True}, "munchausen"),
     ({"iqn": True, "distributional": True}, "iqn"),

@@ -112,6 +112,7 @@ def test_a_command_line_flag_overrides_a_contradicting_flag_of_the_flagfile():
     (["--env=gymnax:Breakout-MinAtar", "--torso=mlp"], "--torso=minatar_conv (or"),
     (["--env=gymnasium:CartPol-v1"], "Did you mean one of ['CartPole-v0', 'CartPole-v1'"),
     (["--torso=nature_conv"], "--torso=nature_conv takes image"),
+    (["--conv_impl=cudnn"], "--conv_impl='cudnn': must be one of"),
     (["--resume"], "--resume: no checkpoint"),
     (["--run_mode=anakin", "--env=gymnax:CartPole-v1", "--resume"], "--resume: no checkpoint"),
     (["--fused_loss", "--dueling"], "--fused_loss=True: its kernel computes"),
