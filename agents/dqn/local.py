@@ -26,7 +26,12 @@ class LocalAgent:
     self.builder = builder = DQNBuilder(config)
     learner_key, actor_key = jax.random.split(key)
     self.networks = builder.make_networks(spec, env_name)
-    self.replay_buffer = builder.make_replay_buffer(spec)
+    replay = None
+    if not config.pqn:  # Replay and learner share this device: both are checked before either
+      replay = builder.make_replay()  # is allocated (make_learner checks its own trace again).
+      replay_bytes = builder.check_replay_fits(replay, builder.example_transition(spec))
+      builder.check_learner_fits(self.networks, replay_bytes=replay_bytes)
+    self.replay_buffer = builder.make_replay_buffer(spec, replay)
     self.learner = builder.make_learner(self.networks, self.replay_buffer, learner_key)
     adder = builder.make_adder(self.replay_buffer, num_envs or 1)
     self.actor = builder.make_actor(self.networks, self.learner, actor_key,

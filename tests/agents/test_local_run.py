@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from acme_jax_dqn import replay as replay_lib
 from acme_jax_dqn import xla_setup
 from agents.dqn import ConfigError, DQNConfig, checkpoints
 from agents.dqn.experiment import ExperimentConfig, run_experiment
@@ -53,6 +54,26 @@ def test_a_network_the_learner_cannot_hold_is_refused_naming_its_largest_paramet
   assert not (tmp_path / "run" / "train.csv").exists()
   if "ray" in sys.modules:
     assert not sys.modules["ray"].is_initialized()
+
+
+def test_a_learner_that_fits_alone_but_not_beside_its_replay_is_refused_before_either_exists(
+    tmp_path, monkeypatch):
+  """Parameters 16.0 MB, the learner 6 times that (96 MB); the replay of 1,000,000 CartPole
+  transitions about 44 MB; a limit of 128 MB holds either, not both."""
+  monkeypatch.setattr(xla_setup, "device_memory_bytes", lambda device: 2**27)
+  made = []
+  monkeypatch.setattr(replay_lib.ReplayBuffer, "__init__",
+                      lambda self, *args, **kwargs: made.append(args))
+  experiment = ExperimentConfig(env="gymnasium:CartPole-v1", total_steps=1000,
+                                logdir=str(tmp_path / "run"), quiet=True)
+  with pytest.raises(ConfigError, match=r"^The learner needs 0\.1 GiB \(parameters 0\.0 GiB, "
+                     r"the largest mlp_torso/mlp/~/linear_1/w of shape \(2000, 2000\)\) beside "
+                     r"the replay's 4\d\.\d MiB, and the host holds 0\.1 GiB\. .* or a smaller "
+                     r"`replay_capacity`\.$"):
+    run_experiment(experiment, DQNConfig(hidden_sizes=(2000, 2000), replay_capacity=1_000_000,
+                                         min_replay_size=100))
+  assert not made  # No replay buffer was built.
+  assert not (tmp_path / "run" / "train.csv").exists()
 
 
 def test_a_pqn_rollout_the_host_cannot_hold_is_refused_before_it_is_allocated(tmp_path,
@@ -117,6 +138,7 @@ def test_batched_run_counts_real_steps_and_logs_on_cadence(tmp_path):
 ONE_CORE_LOCAL = """
 import json, sys
 from jax._src import xla_bridge
+from acme_jax_dqn import replay as replay_lib
 from acme_jax_dqn import xla_setup
 from agents.dqn import DQNConfig
 from agents.dqn.experiment import ExperimentConfig, run_experiment
