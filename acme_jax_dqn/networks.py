@@ -91,7 +91,7 @@ class PatchConv2D(hk.Module):
   checkpoints of either load in the other. With patches (by default on the
   CPU) it gathers the k*k strided slices of the input and multiplies them
   by `w`; otherwise (by default on GPUs and TPUs) it calls
-  `lax.conv_general_dilated`. `conv_impl` picks either. The MinAtar torso uses it: in
+  `lax.conv_general_dilated`. `use_patches` picks either. The MinAtar torso uses it: in
   the compiled anakin program on MinAtar Breakout the run is 1.5x faster
   than with `lax.conv` on this CPU (`python bench/conv_speed.py`, end to
   end), though a gradient timed alone is not faster (same bench), so the

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from acme_jax_dqn import heads, networks, specs
+from acme_jax_dqn import heads, networks, specs, xla_setup
 from tests.fakes import FakeEnvironment
 
 
@@ -103,11 +103,17 @@ def _convolves(net, params, obs) -> bool:
   return "conv_general_dilated" in str(jaxpr)
 
 
-@pytest.mark.parametrize("obs_shape, auto_convolves", [((10, 10, 4), False), ((84, 84, 4), True)])
+@pytest.mark.parametrize("obs_shape, platform, auto_convolves", [
+    ((10, 10, 4), "cpu", False), ((10, 10, 4), "gpu", True),
+    ((84, 84, 4), "cpu", True), ((84, 84, 4), "gpu", True)])
 def test_conv_impl_picks_patches_or_lax_conv_with_the_same_parameters_and_q_values(
-    obs_shape, auto_convolves):
+    obs_shape, platform, auto_convolves):
   """MinAtar and Nature torsos: each conv_impl keeps the parameters; the two paths agree."""
-  spec = _spec(obs_shape=obs_shape)
+  with xla_setup.building_for(platform):  # Traced as for that backend (auto's choice).
+    _check_conv_impls(_spec(obs_shape=obs_shape), obs_shape, auto_convolves)
+
+
+def _check_conv_impls(spec, obs_shape, auto_convolves):
   nets = {impl: networks.make_networks(spec, hidden_sizes=(32,), conv_impl=impl)
           for impl in ("auto", "patches", "lax_conv")}
   params = nets["lax_conv"].init(jax.random.PRNGKey(0))
@@ -116,7 +122,7 @@ def test_conv_impl_picks_patches_or_lax_conv_with_the_same_parameters_and_q_valu
   params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.PRNGKey(2), p.shape),
                         params)
   obs = jax.random.uniform(jax.random.PRNGKey(1), (3, *obs_shape))
-  # On this CPU backend auto means patches for the MinAtar torso, lax.conv for the Nature one.
+  # auto: patches for the MinAtar torso on the CPU, lax.conv for it elsewhere and for Nature's.
   assert _convolves(nets["auto"], params, obs) == auto_convolves
   assert _convolves(nets["lax_conv"], params, obs) and not _convolves(nets["patches"], params, obs)
   ref = nets["lax_conv"].apply(params, obs).q_values

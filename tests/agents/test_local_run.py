@@ -138,7 +138,6 @@ def test_batched_run_counts_real_steps_and_logs_on_cadence(tmp_path):
 ONE_CORE_LOCAL = """
 import json, sys
 from jax._src import xla_bridge
-from acme_jax_dqn import replay as replay_lib
 from acme_jax_dqn import xla_setup
 from agents.dqn import DQNConfig
 from agents.dqn.experiment import ExperimentConfig, run_experiment
