@@ -249,6 +249,31 @@ def test_the_fused_loss_bench_trains_the_run_with_both_losses_to_the_same_parame
   assert found and all(float(e) < 1e-5 for e in found.groups()), out.read_text()[-400:]
 
 
+def test_the_kernel_times_bench_reads_the_runs_own_kernels_from_a_trace(tmp_path):
+  """One seed on the CPU: the trace's thunks, per iteration, ranked by time; the per-op rows
+  account for no more than the busy time they are shares of."""
+  out = tmp_path / "kernel_times.md"
+  subprocess.run(
+      [sys.executable, "-m", "bench.kernel_times",
+       "--flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg", "--total_steps=1200",
+       "--min_replay_size=400", "--log_every=1200", "--top=5", f"--out={out}"],
+      cwd=ROOT, check=True, capture_output=True, text=True, timeout=300)
+  text = out.read_text()
+  rows = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines()
+          if line.startswith("| `")]
+  assert len(rows) == 5, text[-600:]
+  per_iteration = [float(row[3]) for row in rows]
+  assert per_iteration == sorted(per_iteration, reverse=True) and per_iteration[-1] > 0, rows
+  assert sum(float(row[4].rstrip("%")) for row in rows) <= 100.0, rows
+  found = re.search(r"wall ([\d.]+) us untraced .* device busy ([\d.]+) us .*, ([\d.]+) "
+                    r"kernels\.", text)
+  assert found, text[-600:]
+  wall, busy, kernels = map(float, found.groups())
+  # 120 iterations, each at least an env step and an epsilon-greedy forward pass.
+  assert wall > 0 and busy > 0 and kernels >= 5, found.groups()
+  assert sum(per_iteration) <= busy * 1.001, (per_iteration, busy)
+
+
 def test_compiler_option_sets_parse_into_bools_and_text():
   from bench import anakin_programs  # pylint: disable=import-outside-toplevel
   assert anakin_programs.parse_options("a=1 b=true;c=FUSION,WHILE  d=x ;") == {
@@ -306,6 +331,7 @@ def test_the_compile_time_bench_times_three_schedules_of_the_run_dqn_build(tmp_p
     ("fused_loss", ["--num_warps=0"], "--num_warps=0: give whole numbers of 1 or more."),
     ("fused_loss", ["--dueling"], "--fused_loss=True: its kernel computes Q-learning"),
     ("fused_loss", ["--env=gymnax:Breakout-MinAtar"], "take a conv torso under --torso=auto"),
+    ("kernel_times", ["--top=0"], "--top=0: give a whole number of 1 or more."),
 ])
 def test_bad_anakin_bench_input_is_one_line_and_exit_code_2(bench, args, expected):
   result = subprocess.run(
