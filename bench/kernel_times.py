@@ -22,6 +22,7 @@ can exceed it.
 import collections
 import glob
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -81,8 +82,14 @@ def traced(run):
   with jax.profiler.trace(directory):
     run()
   wall = time.perf_counter() - start
-  path = sorted(glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True))[-1]
-  return (wall, *kernel_events(jax.profiler.ProfileData.from_file(path)))
+  paths = sorted(glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True))
+  events, lines = (kernel_events(jax.profiler.ProfileData.from_file(paths[-1])) if paths
+                   else ([], []))
+  shutil.rmtree(directory, ignore_errors=True)
+  if not events:
+    sys.exit(f"error: the profiler's trace of the run holds no kernel events (trace files: "
+             f"{len(paths)}); this JAX's profiler may not trace the {jax.default_backend()}.")
+  return wall, events, lines
 
 
 def main(argv):
