@@ -140,8 +140,9 @@ def main(argv):
                    f"(goal >= {GOAL_BREAKOUT_SPS:,}: "
                    f"{'met' if mine['sps_after_compile'] >= GOAL_BREAKOUT_SPS else 'missed'}).")
   extra = ", " + " ".join(FLAGS.extra_flags) if FLAGS.extra_flags else ""
-  compared = (f"compared: ours ({CFG}{extra}) "
-              f"and PureJaxRL's purejaxrl/dqn.py (main() config), {FLAGS.total_steps:,} env "
+  peer_text = ("and PureJaxRL's purejaxrl/dqn.py (main() config)" if FLAGS.num_seeds
+               else "alone (no CartPole seeds, so no PureJaxRL run)")
+  compared = (f"compared: ours ({CFG}{extra}) {peer_text}, {FLAGS.total_steps:,} env "
               "steps per seed, each program in its own process with a cold compile; env "
               "steps/s count the run after compiling (ours includes its final evaluation, "
               "whose time, with any wait for its compile, is its own column). Compile s: "
