@@ -26,6 +26,8 @@ from agents.dqn.builder import DQNBuilder
 # name: (warm-up as loops of its own, acting apart, XLA compiler options); None: the run's default.
 STRUCTURES = {"conditional": (False, False, None), "loops": (True, False, None),
               "loops apart": (True, True, None)}
+DEFAULT = "default"
+RUN_DEFAULT = {DEFAULT: (None, None, None)}  # The structure and options a run gets.
 
 
 def programs(experiment, config, num_seeds: int, variants=None):

@@ -100,21 +100,21 @@ def main(argv):
       summary=harness.jax_here())
   lines: List[str] = []
   for num_seeds in counts:
-    compared = {"default": (None, None, None)}
+    compared = dict(anakin_programs.RUN_DEFAULT)
     compared.update({label: (None, None, options) for label, options in variants.items()})
     with xla_setup.prng_impl(experiment.prng_impl):
       progs, plan, _ = anakin_programs.programs(experiment, config, num_seeds, compared)
       times, results = anakin_programs.timed_rounds(progs, FLAGS.repeats)
     steps = plan.env_steps * num_seeds
-    default_sum = checkpointing.params_checksum(results["default"][0])
+    default_sum = checkpointing.params_checksum(results[anakin_programs.DEFAULT][0])
     for name, (compile_s, _) in progs.items():
-      ratios = [d / t for d, t in zip(times["default"], times[name])]
+      ratios = [d / t for d, t in zip(times[anakin_programs.DEFAULT], times[name])]
       same = checkpointing.params_checksum(results[name][0]) == default_sum
       median = statistics.median(times[name])
       table.add(f"| {num_seeds} | {name} | {compile_s:.1f} | {median:.2f} | "
                 f"{steps / median:,.0f} | {statistics.median(ratios):.2f}x "
                 f"({min(ratios):.2f}-{max(ratios):.2f}) | {'yes' if same else 'no'} |")
-      if name != "default":
+      if name != anakin_programs.DEFAULT:
         lines.append(f"{num_seeds} seed(s), {name}: {statistics.median(ratios):.2f}x")
   table.close(
       FLAGS.out or f"bench/results/compiler_options_{jax.default_backend()}.md",

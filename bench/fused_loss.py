@@ -52,7 +52,6 @@ flags.DEFINE_integer("repeats", 3, "Timed rounds per seed count after the warm-u
 flags.DEFINE_string("out", "", "Markdown table to write (default: "
                     "bench/results/fused_loss_<backend>.md).")
 FLAGS = flags.FLAGS
-DEFAULT = "default"  # The run's structure: warm-up loops, acting apart, XLA's options.
 
 
 def drift(params, reference) -> float:
@@ -106,7 +105,6 @@ def main(argv):
     harness.bad_input(cli.flag_terms(error))
   with xla_setup.prng_impl(experiment.prng_impl):
     errors = one_batch_error(fused_config, networks, env.spec)
-  structure = {DEFAULT: (None, None, None)}
   names = ["XLA's loss"] + [f"fused, {w} warps" for w in warps]
   table = harness.PrintedTable(
       ["seeds", "compile s (" + ", ".join(names) + ")", "run s (same order)",
@@ -117,14 +115,16 @@ def main(argv):
     progs = {}
     with xla_setup.prng_impl(experiment.prng_impl):
       built, plan, _ = anakin_programs.programs(
-          experiment, dataclasses.replace(config, fused_loss=False), num_seeds, structure)
-      progs[names[0]] = built[DEFAULT]
+          experiment, dataclasses.replace(config, fused_loss=False), num_seeds,
+          anakin_programs.RUN_DEFAULT)
+      progs[names[0]] = built[anakin_programs.DEFAULT]
       saved = fused_loss.NUM_WARPS
       try:
         for name, num_warps in zip(names[1:], warps):
           fused_loss.NUM_WARPS = num_warps  # Read when the kernel is traced, in `programs`.
-          built, _, _ = anakin_programs.programs(experiment, fused_config, num_seeds, structure)
-          progs[name] = built[DEFAULT]
+          built, _, _ = anakin_programs.programs(experiment, fused_config, num_seeds,
+                                                anakin_programs.RUN_DEFAULT)
+          progs[name] = built[anakin_programs.DEFAULT]
       finally:
         fused_loss.NUM_WARPS = saved
       times, results = anakin_programs.timed_rounds(progs, FLAGS.repeats)

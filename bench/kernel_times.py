@@ -43,7 +43,6 @@ flags.DEFINE_integer("top", 20, "HLO ops to list, by device time.")
 flags.DEFINE_string("out", "", "Markdown table to write (default: "
                     "bench/results/kernel_times_<backend>.md).")
 FLAGS = flags.FLAGS
-DEFAULT = "default"  # The run's structure: warm-up loops, acting apart, XLA's options.
 
 
 # Lines of a GPU plane that the profiler derives from the streams' kernels (they overlap them).
@@ -99,8 +98,8 @@ def main(argv):
   config, experiment = harness.anakin_run_flags(1)
   with xla_setup.prng_impl(experiment.prng_impl):
     built, plan, _ = anakin_programs.programs(experiment, config, experiment.num_seeds,
-                                              {DEFAULT: (None, None, None)})
-    compile_s, run = built[DEFAULT]
+                                              anakin_programs.RUN_DEFAULT)
+    compile_s, run = built[anakin_programs.DEFAULT]
     run()  # Warm: the first call of each program also loads it.
     start = time.perf_counter()
     run()

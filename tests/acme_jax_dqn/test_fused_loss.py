@@ -280,6 +280,17 @@ def test_a_network_the_gpu_cannot_hold_is_refused_from_the_compilers_answer():
   fused_loss.check_fits(4, (16,), 2, 32, False, 1.0, compile_kernel=lambda fn, *shapes: None)
 
 
-def test_off_a_gpu_the_kernel_is_interpreted_and_nothing_is_compiled_to_check_it():
-  assert jax.default_backend() == "cpu"
+def test_the_fit_check_compiles_the_triton_kernel_on_a_gpu_only_and_once_per_size(monkeypatch):
+  traced = []  # The kernel as the check compiles it: interpreted or not.
+  monkeypatch.setattr(fused_loss, "_run_kernel",
+                      lambda arrays, *args, interpret: traced.append(interpret) or arrays[0])
+  monkeypatch.setattr(fused_loss, "_FITS", set())
+  monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
   fused_loss.check_fits(128, (128, 128), 128, 128, True, 1.0)  # Would not fit on an H200.
+  assert not traced  # Off a GPU the kernel is interpreted: nothing to check.
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  for _ in range(2):
+    fused_loss.check_fits(4, (16,), 2, 32, False, 1.0)
+  assert traced == [False]  # Triton's kernel, compiled once for these sizes in this process.
+  fused_loss.check_fits(4, (16,), 2, 32, True, 1.0)
+  assert traced == [False, False]  # Double Q is another kernel.
