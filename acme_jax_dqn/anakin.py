@@ -21,10 +21,12 @@ import chex
 import jax
 from jax import flatten_util
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from acme_jax_dqn import learning
 from acme_jax_dqn import replay as replay_lib
+from acme_jax_dqn import seeding
 from acme_jax_dqn.actors import PolicyFn
 from acme_jax_dqn.envs.gymnax_adapter import GymnaxEnv
 from acme_jax_dqn.networks import Networks
@@ -207,7 +209,7 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
     state, metrics = jax.lax.scan(learn_once, state, None, length=learner_calls_per_iteration)
     return state, jax.tree.map(jnp.mean, metrics)
 
-  metric_shapes = jax.eval_shape(lambda s: learn(s)[1], jax.eval_shape(init, jax.random.PRNGKey(0)))
+  metric_shapes = jax.eval_shape(lambda s: learn(s)[1], jax.eval_shape(init, seeding.key_shape()))
 
   def skip_learning(state: AnakinState):
     return state, jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), metric_shapes)
@@ -363,7 +365,7 @@ def make_evaluate(env: GymnaxEnv, eval_policy: PolicyFn, eval_episodes: int,
   """`evaluate(params, key)`: `eval_episodes` episodes in parallel until each has ended once
   (or the time limit); returns their returns."""
   genv, params = env.env, env.params
-  greedy_epsilon = jnp.float32(eval_epsilon)
+  greedy_epsilon = np.float32(eval_epsilon)  # A constant of the trace: nothing runs here.
 
   def evaluate(online_params, key):
     reset_key, key = jax.random.split(key)

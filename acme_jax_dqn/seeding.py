@@ -14,6 +14,8 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from acme_jax_dqn import xla_setup
+
 
 class Stream(enum.IntEnum):
   """The independent random streams of a run (the first element of a path)."""
@@ -42,18 +44,28 @@ def derive_key(seed: int, *path: int) -> jax.Array:
   return jax.random.PRNGKey(derive_seed(seed, *path))
 
 
+def key_shape() -> jax.ShapeDtypeStruct:
+  """The shape and dtype of a key of the implementation in force, traced: nothing runs.
+
+  (A fresh function each call: JAX's trace cache does not key on the implementation.)
+  """
+  return jax.eval_shape(lambda: jax.random.PRNGKey(0))
+
+
 def keys_of(seeds: Sequence[int]) -> np.ndarray:
   """`jax.random.PRNGKey(s)` of each seed, stacked on the host: [len(seeds), key words].
 
   Many seeds that fit in int32 take one compiled call, with the same keys
   (one by one, each key is a dispatch and a copy back, which for thousands
   of seeds delays every compile of a run); a few, or larger ones, go one by
-  one. The key implementation is the one in force (`xla_setup.prng_impl`).
+  one. The key implementation is the one in force (`xla_setup.prng_impl`). They are
+  made on the host's CPU device (`xla_setup.on_host`), whatever the default device.
   """
-  if len(seeds) > 64 and all(0 <= s < 2**31 for s in seeds):
-    # A fresh jit each call: JAX's jit cache does not key on the PRNG implementation.
-    return np.asarray(jax.jit(jax.vmap(jax.random.PRNGKey))(np.asarray(seeds, np.int32)))
-  return np.stack([np.asarray(jax.random.PRNGKey(s)) for s in seeds])
+  with xla_setup.on_host():
+    if len(seeds) > 64 and all(0 <= s < 2**31 for s in seeds):
+      # A fresh jit each call: JAX's jit cache does not key on the PRNG implementation.
+      return np.asarray(jax.jit(jax.vmap(jax.random.PRNGKey))(np.asarray(seeds, np.int32)))
+    return np.stack([np.asarray(jax.random.PRNGKey(s)) for s in seeds])
 
 
 def copy_seeds(seed: int, count: int) -> list:

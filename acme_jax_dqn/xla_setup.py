@@ -104,6 +104,17 @@ def target_platform() -> str:
   return _TARGET_PLATFORM or jax.default_backend()
 
 
+def on_host():
+  """Within the block, JAX's eager operations run on the host's CPU device.
+
+  A run's setup makes a few small arrays eagerly (keys, an environment's
+  spaces). Each new operation is a compile for the device it runs on: on a
+  GPU a compile through LLVM and ptxas, on the CPU a fraction of that. The
+  results are read back to the host anyway.
+  """
+  return jax.default_device(jax.local_devices(backend="cpu")[0])
+
+
 @contextlib.contextmanager
 def building_for(platform: str):
   """Within the block, programs are traced as for `platform`: to compile them ahead of time

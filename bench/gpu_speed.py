@@ -87,7 +87,9 @@ def ours(num_seeds: int, env: str, tag: str) -> dict:
 def phases_line(name: str, mine: dict) -> str:
   """Where our compile_s went: the build's steps in the order they ended."""
   phases = sorted(mine["summary"].get("compile_phases_s", {}).items(), key=lambda kv: kv[1])
-  return (f"ours, {name}: compile {mine['compile_s']:.1f} s; building the trainer: "
+  imports = mine["summary"].get("imports_s")
+  before = f" after {imports:.1f} s of the run mode's imports" if imports is not None else ""
+  return (f"ours, {name}: compile {mine['compile_s']:.1f} s{before}; building the trainer: "
           + ", ".join(f"{step} {t:.1f}" for step, t in phases) + " s from its start.")
 
 
@@ -147,8 +149,9 @@ def main(argv):
               "steps/s count the run after compiling (ours includes its final evaluation, "
               "whose time, with any wait for its compile, is its own column). Compile s: "
               "PureJaxRL's, its program's lower and compile; ours, summary.json's compile_s, "
-              "from the run's start to its first chunk, with the imports and the environment "
-              "the build needs. Process s less the run: for both, the process's seconds from "
+              "from the run's start (after the run mode's imports, imports_s) to its first "
+              "chunk: the environment, the build, the init's run. Process s less the run: for "
+              "both, the process's seconds from "
               "its launch to its exit less the run after compiling (interpreter, imports, "
               "compile, exit; ours' run holds its final evaluation and any wait for "
               "programs still compiling).")

@@ -102,6 +102,13 @@ def make_environment(name: str, seed: Optional[int] = None,
   return BatchedEnvironment(make_one, num_envs)
 
 
+def import_jax_library(name: str) -> None:
+  """Imports the library of a JAX environment `name` (gymnax), so that a run can import it
+  before it times its build; any other name is left for `make_jax_environment` to refuse."""
+  if name.partition(":")[0] == "gymnax":
+    gymnax_adapter.import_gymnax()
+
+
 def make_jax_environment(name: str) -> GymnaxEnv:
   """The functional (JAX) form of `name`, for anakin mode; other names get a clear error."""
   prefix, env_id = split_name(name)

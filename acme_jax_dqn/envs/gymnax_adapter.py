@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from acme_jax_dqn import specs as specs_lib
+from acme_jax_dqn import xla_setup
 
 
 class GymnaxEnv(NamedTuple):
@@ -60,7 +61,7 @@ def _imports_deferred(names: Sequence[str]) -> Iterator[None]:
         del sys.modules[name]
 
 
-def _import_gymnax():
+def import_gymnax():
   """gymnax, without loading its render-only imports (imported here: local runs on
   gymnasium do not need gymnax)."""
   with _imports_deferred(RENDER_ONLY_MODULES):
@@ -69,7 +70,7 @@ def _import_gymnax():
 
 
 def registered_ids():
-  return tuple(_import_gymnax().registered_envs)
+  return tuple(import_gymnax().registered_envs)
 
 
 def _space_to_spec(space, name: str) -> specs.Array:
@@ -84,7 +85,7 @@ def _space_to_spec(space, name: str) -> specs.Array:
 
 def make_gymnax(env_id: str) -> GymnaxEnv:
   """`gymnax.make(env_id)` plus its spec, with a clear error for unknown ids."""
-  gymnax = _import_gymnax()
+  gymnax = import_gymnax()
   if env_id not in gymnax.registered_envs:
     close = [k for k in gymnax.registered_envs
              if env_id.split("-")[0].lower() in k.lower()][:5]
@@ -92,9 +93,11 @@ def make_gymnax(env_id: str) -> GymnaxEnv:
     raise ValueError(f"gymnax has no environment {env_id!r}.{hint} Known ids: "
                      f"{', '.join(gymnax.registered_envs)}.")
   env, params = gymnax.make(env_id)
+  with xla_setup.on_host():  # The spaces hold small arrays that gymnax computes eagerly.
+    observation_space, action_space = env.observation_space(params), env.action_space(params)
   spec = specs_lib.EnvironmentSpec(
-      observations=_space_to_spec(env.observation_space(params), "observation"),
-      actions=_space_to_spec(env.action_space(params), "action"),
+      observations=_space_to_spec(observation_space, "observation"),
+      actions=_space_to_spec(action_space, "action"),
       rewards=specs.Array((), np.float32, "reward"),
       discounts=specs.BoundedArray((), np.float32, 0.0, 1.0, "discount"))
   return GymnaxEnv(f"gymnax:{env_id}", env, params, spec,

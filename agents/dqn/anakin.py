@@ -235,10 +235,9 @@ class AnakinSource(Source):
     batched = seed_layout.runs_batched(num_seeds // mesh.size, experiment.prng_impl)
     init = jax.jit(seed_layout.per_device(seed_layout.over_seeds(trainer.init, batched), mesh,
                                           P("seeds")))
-    # The memory check needs only the keys' shape (of an eager key: a traced one would come
-    # from JAX's cache, which ignores the PRNG in force), so it runs before any per-seed work
-    # on the host: the keys below take seconds per million seeds.
-    key = jax.random.PRNGKey(0)
+    # The memory check needs only the keys' shape, so it runs before any per-seed work on
+    # the host: the keys below take seconds per million seeds.
+    key = seeding.key_shape()
     state_shape = jax.eval_shape(init, jax.ShapeDtypeStruct((num_seeds, *key.shape), key.dtype))
     seed_layout.check_memory(state_shape, mesh, num_seeds, config, jax.eval_shape(
         lambda k: anakin_lib.reset_copies(env, k, experiment.eval_episodes), key))

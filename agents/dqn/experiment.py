@@ -7,9 +7,10 @@ CheckpointError naming the field).
 """
 
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, Type
 
 from acme_jax_dqn import callbacks as callbacks_lib
+from acme_jax_dqn import envs
 from acme_jax_dqn import loggers
 from acme_jax_dqn import xla_setup
 from agents.dqn import checkpoints
@@ -18,11 +19,17 @@ from agents.dqn.config import ConfigError, DQNConfig
 from agents.dqn.experiment_config import ExperimentConfig
 
 __all__ = ["ExperimentConfig", "make_source", "run_experiment", "set_anakin_cpu_devices",
-           "train"]
+           "source_type", "train"]
 
 
 def make_source(experiment: ExperimentConfig, config: DQNConfig) -> run_loop.Source:
   """The run mode's source (builds, and in anakin mode compiles, the program)."""
+  return source_type(experiment, config)(experiment, config)
+
+
+def source_type(experiment: ExperimentConfig, config: DQNConfig) -> Type[run_loop.Source]:
+  """The run mode's source class, its libraries imported (rlax; in anakin mode also the
+  environment's JAX library, in distributed mode Ray): each mode imports only its own."""
   if config.pqn and experiment.run_mode == "distributed":
     raise ConfigError(
         "`pqn`=True with `run_mode`=distributed: PQN learns from each rollout once, with the "
@@ -30,12 +37,13 @@ def make_source(experiment: ExperimentConfig, config: DQNConfig) -> run_loop.Sou
         "its Q(lambda) targets off-policy. Use `run_mode`=anakin (gymnax) or local.")
   if experiment.run_mode == "anakin":
     from agents.dqn.anakin import AnakinSource  # pylint: disable=import-outside-toplevel
-    return AnakinSource(experiment, config)  # Imports gymnax only when asked.
+    envs.import_jax_library(experiment.env)
+    return AnakinSource
   if experiment.run_mode == "distributed":
     from agents.dqn.distributed import DistributedSource  # pylint: disable=import-outside-toplevel
-    return DistributedSource(experiment, config)  # Imports ray only when asked.
+    return DistributedSource
   from agents.dqn.local_run import LocalSource  # pylint: disable=import-outside-toplevel
-  return LocalSource(experiment, config)
+  return LocalSource
 
 
 def set_anakin_cpu_devices(experiment: ExperimentConfig) -> bool:
@@ -70,12 +78,15 @@ def train(experiment: ExperimentConfig, config: DQNConfig,
     xla_setup.run_xla_on_one_cpu_core()
   # After the CPU settings above: listing checkpoints (orbax) starts JAX's CPU client.
   checkpoints.check_start(experiment, config)
+  imports_start = time.perf_counter()
+  make = source_type(experiment, config)  # Python imports, before compile_s's clock (`imports_s`).
+  imports_s = time.perf_counter() - imports_start
   with xla_setup.prng_impl(experiment.prng_impl):  # Every key of the run, then back as it was.
     start = time.perf_counter()  # compile_s counts from here.
     loggers.preload(experiment.loggers)  # Imported while the program compiles.
-    source = make_source(experiment, config)
+    source = make(experiment, config)
     try:
-      summary = run_loop.run(experiment, config, source, start, callbacks)
+      summary = run_loop.run(experiment, config, source, start, callbacks, imports_s)
       return summary, source.params()
     finally:
       source.close()

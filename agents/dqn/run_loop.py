@@ -143,11 +143,13 @@ def _first(*steps: Optional[int]) -> int:
 
 
 def run(experiment, config, source: Source, start: float,
-        callbacks: Optional[callbacks_lib.CallbackList] = None) -> Dict[str, Any]:
+        callbacks: Optional[callbacks_lib.CallbackList] = None,
+        imports_s: float = 0.0) -> Dict[str, Any]:
   """Drives `source` to the end of its budget; writes the run's files and returns the summary.
 
   `start` is when the run began (time.perf_counter()): `compile_s` is all
-  the time before the first advance. `callbacks` see the start, every
+  the time before the first advance. `imports_s`, the seconds the run mode's imports took
+  before `start`, goes into the summary as it is. `callbacks` see the start, every
   train and eval row and the summary, and may stop training early
   (acme_jax_dqn/callbacks.py).
   """
@@ -155,6 +157,7 @@ def run(experiment, config, source: Source, start: float,
   run_checkpoints = checkpoints.RunCheckpoints(experiment, config)
   try:
     summary = _drive(experiment, config, source, start, run_checkpoints, callbacks)
+    summary["imports_s"] = imports_s
   finally:
     run_checkpoints.close()
   summary_lib.write_summary(experiment.logdir, summary)

@@ -393,9 +393,9 @@ def test_a_new_run_into_a_used_logdir_is_refused_before_its_driver_starts(mode, 
   logdir = copy_run(saved_run, tmp_path)
 
   def started(*args):
-    raise AssertionError(f"the {mode} source (building and compiling) started")
+    raise AssertionError(f"the {mode} source (importing, building and compiling) started")
 
-  monkeypatch.setattr(experiment_lib, "make_source", started)
+  monkeypatch.setattr(experiment_lib, "source_type", started)
   env = "gymnax:CartPole-v1" if mode == "anakin" else "gymnasium:CartPole-v1"
   with pytest.raises(ConfigError, match="holds checkpoints of an earlier run"):
     experiment_lib.run_experiment(experiment_lib.ExperimentConfig(

@@ -1,0 +1,93 @@
+"""What a run does before it trains: its imports before `compile_s`'s clock, and no eager
+compile for the run's device while the anakin trainer is built."""
+
+import json
+import subprocess
+import sys
+import time
+
+from agents.dqn import DQNConfig
+from agents.dqn import experiment as experiment_lib
+from tests.fakes import ROOT
+
+
+def test_the_modes_imports_come_before_the_clock_and_are_reported_as_imports_s(tmp_path,
+                                                                               monkeypatch):
+  real_source_type = experiment_lib.source_type
+  imported = []
+
+  def slow_source_type(experiment, config):
+    time.sleep(0.5)  # As an import that takes half a second.
+    source = real_source_type(experiment, config)
+    imported.append(time.perf_counter())
+    return source
+
+  monkeypatch.setattr(experiment_lib, "source_type", slow_source_type)
+  experiment = experiment_lib.ExperimentConfig(
+      env="gymnasium:CartPole-v1", run_mode="local", total_steps=300, log_every=300,
+      eval_episodes=1, logdir=str(tmp_path / "run"), quiet=True, save_checkpoints=False)
+  summary = experiment_lib.run_experiment(experiment, DQNConfig(
+      hidden_sizes=(8,), batch_size=8, min_replay_size=100, replay_capacity=1000))
+  finished = time.perf_counter()
+  assert summary["imports_s"] >= 0.5
+  # wall_s (and compile_s within it) start after the imports ended.
+  assert 0 < summary["compile_s"] < summary["wall_s"] <= finished - imported[0]
+
+
+_BUILD_ANAKIN = """
+import contextlib, json, logging, sys, threading
+import jax
+from acme_jax_dqn import xla_setup
+from agents.dqn import DQNConfig
+from agents.dqn import experiment as experiment_lib
+
+experiment = experiment_lib.ExperimentConfig(
+    env=sys.argv[1], run_mode="anakin", num_seeds=int(sys.argv[2]), total_steps=2000,
+    eval_episodes=2, logdir=sys.argv[3], quiet=True, save_checkpoints=False)
+config = DQNConfig(hidden_sizes=(16,), batch_size=16, min_replay_size=200,
+                   replay_capacity=1000)
+make = experiment_lib.source_type(experiment, config)  # The imports come before the build.
+on_host, real_on_host = [0], xla_setup.on_host
+
+@contextlib.contextmanager
+def counted_on_host():
+  on_host[0] += 1
+  try:
+    with real_on_host():
+      yield
+  finally:
+    on_host[0] -= 1
+
+xla_setup.on_host = counted_on_host
+eager = []  # The programs compile on threads of their own; eager operations on this one.
+
+class Record(logging.Handler):
+  def emit(self, record):
+    message = record.getMessage()
+    if (message.startswith("Finished XLA compilation of")
+        and threading.current_thread() is threading.main_thread()):
+      eager.append([message.split(" of ", 1)[1].split(" in ")[0], on_host[0] > 0])
+
+logging.getLogger("jax").addHandler(Record())
+jax.config.update("jax_log_compiles", True)
+make(experiment, config).close()
+print(json.dumps(eager))
+"""
+
+
+def test_building_an_anakin_run_compiles_eager_operations_for_the_host_alone(tmp_path):
+  """The keys (one by one, and for more than 64 seeds in one call) and the environment's spaces
+  are made eagerly: each new operation compiles for the device it runs on, on a GPU through
+  ptxas, so they run on the host's CPU device. (gymnax CartPole's own constructor makes no
+  arrays; MinAtar's make theirs on the default device, where the environment runs.)"""
+  for num_seeds in (1, 70):
+    env = "gymnax:CartPole-v1"
+    result = subprocess.run(
+        [sys.executable, "-c", _BUILD_ANAKIN, env, str(num_seeds), str(tmp_path / str(num_seeds))],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    eager = json.loads(result.stdout.strip().splitlines()[-1])
+    names = [name for name, _ in eager]
+    assert len(eager) >= 3, eager  # The spaces' operations and the seeds' keys did compile,
+    assert any(name in ("jit(_threefry_seed)", "jit(PRNGKey)") for name in names), eager
+    assert [name for name, host in eager if not host] == [], eager
