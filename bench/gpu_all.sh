@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The GPU benches in one call, the most telling first, each within what is left of a deadline.
+#
+#   bash bench/gpu_all.sh                              # on the GPU, from the repository root
+#   OUT=/tmp/gpu TINY=1 DEADLINE=500 bash bench/gpu_all.sh   # the script itself, tiny, on a CPU
+#
+# PUREJAXRL_DIR  a checkout of luchris429/purejaxrl at 31756b1 (default: .peer)
+# OUT            where the tables and logs go (default: bench/results/gpu_all)
+# DEADLINE       seconds for the whole script (default: 560); a step that would start with
+#                under 20 s left is skipped, and each step's cap is cut to what is left
+# TINY=1         small sizes (8 seeds for 2,048, 20,000 env steps, 4,000 traced), to check
+#                the script
+# .whl/          wheels installed first, where present (bench/gpu_wheels.sh fetches them), for a
+#                GPU host that cannot reach a package index
+#
+# In order: the fused loss against XLA's (one batch, then the run's programs); ours beside
+# PureJaxRL with the fused loss; Breakout-MinAtar with cuDNN's convolutions and with patch
+# products, twice, alternating; where the device's time goes (bench/kernel_times.py) on
+# Breakout at one seed and on CartPole at 2,048 seeds with and without the fused loss; ours
+# beside PureJaxRL at the defaults; the build's compile schedules.
+# Every step's output is in $OUT/<step>.txt, its tail in $OUT/log.txt, its table in $OUT/*.md.
+set -u
+START=$(date +%s)
+OUT=${OUT:-bench/results/gpu_all}
+PEER=${PUREJAXRL_DIR:-.peer}
+DEADLINE=${DEADLINE:-560}
+CFG=launch/configs/cartpole_anakin_purejaxrl.cfg
+mkdir -p "$OUT"
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/gpu_all_site .whl/*.whl || { echo "installing .whl/ failed"; exit 1; }
+  export PYTHONPATH=/tmp/gpu_all_site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+PY=${PYTHON:-python3}
+if [ "${TINY:-0}" = 1 ]; then
+  STEPS=20000; MANY=8; FUSED_STEPS=5000; TRACED_STEPS=4000
+else
+  STEPS=200000; MANY=2048; FUSED_STEPS=100000; TRACED_STEPS=20000
+fi
+if [ ! -f "$PEER/purejaxrl/dqn.py" ]; then
+  echo "no PureJaxRL checkout at $PEER (PUREJAXRL_DIR): the steps beside it are skipped" \
+    | tee -a "$OUT/log.txt"
+fi
+
+step() {  # step NAME CAP_S COMMAND...
+  local name=$1 cap=$2 left
+  shift 2
+  left=$(( DEADLINE - ($(date +%s) - START) ))
+  if [ "$left" -lt 20 ]; then
+    echo "== $name: skipped, ${left} s left" | tee -a "$OUT/log.txt"
+    return
+  fi
+  [ "$cap" -gt "$left" ] && cap=$left
+  echo "== $name: at $(( $(date +%s) - START )) s, cap $cap s" | tee -a "$OUT/log.txt"
+  timeout "$cap" "$@" > "$OUT/$name.txt" 2>&1
+  echo "exit code $?" >> "$OUT/$name.txt"
+  tail -n 25 "$OUT/$name.txt" >> "$OUT/log.txt"
+}
+
+peer() { [ -f "$PEER/purejaxrl/dqn.py" ]; }
+
+breakout() {  # breakout CONV_IMPL SUFFIX
+  step "gpu_speed_breakout_$1$2" 60 $PY -m bench.gpu_speed --purejaxrl_dir="$PEER" --num_seeds= \
+    --minatar_seeds=1 --total_steps=$STEPS --extra_flags=--conv_impl=$1 \
+    --logdir="$OUT/runs_breakout_$1$2" --out="$OUT/gpu_speed_breakout_$1$2.md"
+}
+
+step fused_loss 120 $PY -m bench.fused_loss --flagfile=$CFG --seed_counts=1,$MANY \
+  --total_steps=$FUSED_STEPS --num_warps=8 --out="$OUT/fused_loss.md"
+peer && step gpu_speed_fused_loss 150 $PY -m bench.gpu_speed --purejaxrl_dir="$PEER" \
+  --num_seeds=1,$MANY --minatar_seeds= --total_steps=$STEPS --extra_flags=--fused_loss \
+  --logdir="$OUT/runs_fused_loss" --out="$OUT/gpu_speed_fused_loss.md"
+breakout lax_conv ""
+breakout patches ""
+step kernel_times_breakout 60 $PY -m bench.kernel_times --flagfile=$CFG \
+  --env=gymnax:Breakout-MinAtar --total_steps=$TRACED_STEPS --out="$OUT/kernel_times_breakout.md"
+step kernel_times_many_fused 60 $PY -m bench.kernel_times --flagfile=$CFG --num_seeds=$MANY \
+  --total_steps=$TRACED_STEPS --fused_loss --out="$OUT/kernel_times_many_fused.md"
+step kernel_times_many_xla 60 $PY -m bench.kernel_times --flagfile=$CFG --num_seeds=$MANY \
+  --total_steps=$TRACED_STEPS --out="$OUT/kernel_times_many_xla.md"
+breakout lax_conv _2
+breakout patches _2
+peer && step gpu_speed 200 $PY -m bench.gpu_speed --purejaxrl_dir="$PEER" \
+  --num_seeds=1,$MANY --minatar_seeds=1,64 --total_steps=$STEPS \
+  --logdir="$OUT/runs_default" --out="$OUT/gpu_speed.md"
+peer && step compile_time 90 $PY -m bench.compile_time --flagfile=$CFG --num_seeds=$MANY \
+  --total_steps=$STEPS --repeats=1 --purejaxrl_dir="$PEER" --out="$OUT/compile_time.md"
+echo "== done at $(( $(date +%s) - START )) s" | tee -a "$OUT/log.txt"
