@@ -5,11 +5,13 @@
 #   OUT=/tmp/gpu TINY=1 DEADLINE=500 bash bench/gpu_all.sh   # the script itself, tiny, on a CPU
 #
 # PUREJAXRL_DIR  a checkout of luchris429/purejaxrl at 31756b1 (default: .peer)
-# OUT            where the tables and logs go (default: bench/results/gpu_all)
+# OUT            where the tables, logs and runs go (default: runs/gpu_all)
 # DEADLINE       seconds for the whole script (default: 560); a step that would start with
-#                under 20 s left is skipped, and each step's cap is cut to what is left
-# TINY=1         small sizes (8 seeds for 2,048, 20,000 env steps, 4,000 traced), to check
-#                the script
+#                under 30 s left is skipped, and each step's cap is cut to what is left (less
+#                10 s in which a step that was told to stop finishes its checkpoint)
+# TINY=1         small sizes (8 seeds for 2,048; 20,000 env steps, 5,000 for the fused-loss
+#                bench, 4,000 traced), to check the script
+# PYTHON         the interpreter (default: python3)
 # .whl/          wheels installed first, where present (bench/gpu_wheels.sh fetches them), for a
 #                GPU host that cannot reach a package index
 #
@@ -21,18 +23,18 @@
 # Every step's output is in $OUT/<step>.txt, its tail in $OUT/log.txt, its table in $OUT/*.md.
 set -u
 START=$(date +%s)
-OUT=${OUT:-bench/results/gpu_all}
+OUT=${OUT:-runs/gpu_all}
 PEER=${PUREJAXRL_DIR:-.peer}
 DEADLINE=${DEADLINE:-560}
 CFG=launch/configs/cartpole_anakin_purejaxrl.cfg
+PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 if ls .whl/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/gpu_all_site .whl/*.whl || { echo "installing .whl/ failed"; exit 1; }
   export PYTHONPATH=/tmp/gpu_all_site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-PY=${PYTHON:-python3}
 if [ "${TINY:-0}" = 1 ]; then
   STEPS=20000; MANY=8; FUSED_STEPS=5000; TRACED_STEPS=4000
 else
@@ -47,13 +49,13 @@ step() {  # step NAME CAP_S COMMAND...
   local name=$1 cap=$2 left
   shift 2
   left=$(( DEADLINE - ($(date +%s) - START) ))
-  if [ "$left" -lt 20 ]; then
+  if [ "$left" -lt 30 ]; then
     echo "== $name: skipped, ${left} s left" | tee -a "$OUT/log.txt"
     return
   fi
-  [ "$cap" -gt "$left" ] && cap=$left
+  [ "$cap" -gt $(( left - 10 )) ] && cap=$(( left - 10 ))
   echo "== $name: at $(( $(date +%s) - START )) s, cap $cap s" | tee -a "$OUT/log.txt"
-  timeout "$cap" "$@" > "$OUT/$name.txt" 2>&1
+  timeout -k 10 "$cap" "$@" > "$OUT/$name.txt" 2>&1
   echo "exit code $?" >> "$OUT/$name.txt"
   tail -n 25 "$OUT/$name.txt" >> "$OUT/log.txt"
 }

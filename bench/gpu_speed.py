@@ -93,18 +93,20 @@ def phases_line(name: str, mine: dict) -> str:
           + ", ".join(f"{step} {t:.1f}" for step, t in phases) + " s from its start.")
 
 
-def check_peer(checkout: str) -> None:
-  """Loads the checkout's script, so that a missing or other checkout stops the bench before
-  any run, with this process on JAX's CPU backend: it times nothing itself, and a GPU client
+def check_peer(checkout: str, needed: bool = True) -> None:
+  """Loads the checkout's script where `needed` (a CartPole seed count is asked for), so that
+  a missing or other checkout stops the bench before any run; with this process on JAX's CPU
+  backend either way: it times nothing itself, and a GPU client
   here would hold most of the GPU's memory (XLA preallocates it) for the whole bench,
   leaving the timed processes the rest."""
   jax.config.update("jax_platforms", "cpu")
-  purejaxrl_peer.load(checkout)
+  if needed:
+    purejaxrl_peer.load(checkout)
 
 
 def main(argv):
   del argv
-  check_peer(FLAGS.purejaxrl_dir)
+  check_peer(FLAGS.purejaxrl_dir, needed=bool(FLAGS.num_seeds))
   header = ["program", "env", "seeds", "compile s", "env steps/s after compile (all seeds)",
             "ours / PureJaxRL", "of which evaluation s", "process s less the run"]
   rows, goals, phases, summary = [], [], [], None

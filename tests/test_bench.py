@@ -143,6 +143,26 @@ def test_gpu_speed_reports_a_failed_run_in_one_line_naming_the_seeds():
   assert "ours failed on gymnax:CartPole-v1 at --num_seeds=4096 (exit code 2)." in out.stderr
 
 
+_BREAKOUT_ONLY = '''
+import sys
+from absl import app
+from bench import gpu_speed, harness
+harness.run_preset = lambda *a, **k: {"compile_s": 6.0, "wall_s": 20.0, "eval_s": 0.1,
+                                      "sps_after_compile_all_seeds": 1000.0}
+sys.argv = ["gpu_speed", "--num_seeds=", "--minatar_seeds=1", "--out=" + sys.argv[1]]
+app.run(gpu_speed.main)
+'''
+
+
+def test_a_breakout_only_bench_run_needs_no_checkout(tmp_path):
+  """No CartPole seeds, no PureJaxRL run: its checkout is not asked for."""
+  out = tmp_path / "breakout.md"
+  result = subprocess.run([sys.executable, "-c", _BREAKOUT_ONLY, str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert "| ours | Breakout-MinAtar | 1 | 6.0 | 1,000 |" in out.read_text()
+
+
 def test_a_bench_run_without_the_checkout_says_what_to_clone_before_running(tmp_path):
   result = subprocess.run(
       [sys.executable, "-m", "bench.gpu_speed", "--num_seeds=1", "--minatar_seeds=",

@@ -40,6 +40,10 @@ from agents.dqn.distributed_state import LEARNER_RESTARTS, LEARNER_SNAPSHOT_S, P
 from agents.dqn.ray_cluster import NodeCrashed
 from agents.dqn.run_loop import Source
 
+# At the end of a run, how long to wait for an actor that Ray is restarting to answer, so that a
+# restart that completes is counted (a restart takes seconds: a new process imports and builds).
+RESTART_SETTLE_S = 60.0
+
 
 class DistributedSource(Source):
   """The Ray program, advanced one driver round at a time."""
@@ -107,6 +111,7 @@ class DistributedSource(Source):
     self._lost: List[int] = []  # Actors whose restart failed (Ray does not retry those).
     self._evaluator_restarts, self._evaluator_failing = 0, False
     self._lives = [info["life"] for info in self._actor_info]  # A new life: a restart.
+    self._restarting: set = set()  # Actors whose process died and that Ray is restarting.
     self._returns: List[float] = []
     os.makedirs(experiment.logdir, exist_ok=True)
     # Where each node runs (pid, Ray node), for operators and the fault test.
@@ -185,15 +190,14 @@ class DistributedSource(Source):
         try:
           result = ray.get(ref)
           self._returns.extend(result["episode_returns"])
-          if result["life"] != self._lives[i]:  # A restarted process answered.
-            self._restarts[i] += 1
-            self._lives[i] = result["life"]
+          if self._count_life(i, result["life"]):
             self._program.resume_actors(self._stats["actor_steps"], only=i)
         except ray.exceptions.RayActorError as error:
           if getattr(error, "actor_init_failed", False):  # Ray will not try it again.
             self._lose_actor(i, error)
             continue
           # Ray restarts it; its unsent transitions were never counted.
+          self._restarting.add(i)
           self._program.resume_actors(self._stats["actor_steps"], only=i)
         self._pending[self._actors[i].run.remote(self._actor_chunk)] = i
     try:
@@ -204,6 +208,36 @@ class DistributedSource(Source):
     if not self.done and time.time() - self._program.snapshot_at > LEARNER_SNAPSHOT_S:
       self._program.snapshot_learner()  # What a crashed learner would continue from.
 
+  def _count_life(self, i: int, life) -> bool:
+    """Whether actor i, which answered, did so from a new process (a restart, counted once
+    each)."""
+    self._restarting.discard(i)  # A process of it is up.
+    if life == self._lives[i]:
+      return False
+    self._restarts[i] += 1
+    self._lives[i] = life
+    return True
+
+  def _settle_restarts(self) -> None:
+    """Asks each actor that Ray is restarting which process answers, for up to
+    RESTART_SETTLE_S in all, so that each restart that completes is counted; one that has
+    not completed by then is not. (A dead process's calls fail, with ActorUnavailableError
+    while Ray restarts it, so the question is asked again.)"""
+    ray, deadline = self._ray, time.perf_counter() + RESTART_SETTLE_S
+    for i in sorted(self._restarting):
+      while i in self._restarting and time.perf_counter() < deadline:
+        try:
+          life = ray.get(self._actors[i].info.remote(),
+                         timeout=max(0.1, deadline - time.perf_counter()))["life"]
+        except ray.exceptions.GetTimeoutError:
+          break
+        except ray.exceptions.RayActorError as error:
+          if getattr(error, "actor_init_failed", False):  # Its restart failed: not counted.
+            break
+          time.sleep(0.5)
+          continue
+        self._count_life(i, life)
+
   def _per_s(self, key: str, count: int, seconds: float) -> float:
     """`key`'s count since this start's training began, per second (0 when nothing trained)."""
     return (count - self._counts_at_start[key]) / seconds if seconds > 0 else 0.0
@@ -211,6 +245,7 @@ class DistributedSource(Source):
   def _lose_actor(self, i: int, error: Exception) -> None:
     """Goes on without actor i, whose restart failed; with no actor left the run stops."""
     self._lost.append(i)
+    self._restarting.discard(i)
     why = f"actor {i} could not start again after a crash: {ray_cluster.start_failure(error)}"
     why = why.rstrip(".")
     if len(self._lost) == len(self._actors):
@@ -292,6 +327,7 @@ class DistributedSource(Source):
     ray.get(self._replay.close.remote())
     # Zero when this start trained nothing (a resume of a run that had reached its end).
     self._train_s = time.perf_counter() - (self._train_start or time.perf_counter())
+    self._settle_restarts()
     for handle in self._actors:
       ray.kill(handle, no_restart=True)
     try:

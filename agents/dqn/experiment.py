@@ -10,7 +10,6 @@ import time
 from typing import Any, Dict, Optional, Tuple, Type
 
 from acme_jax_dqn import callbacks as callbacks_lib
-from acme_jax_dqn import envs
 from acme_jax_dqn import loggers
 from acme_jax_dqn import xla_setup
 from agents.dqn import checkpoints
@@ -28,18 +27,22 @@ def make_source(experiment: ExperimentConfig, config: DQNConfig) -> run_loop.Sou
 
 
 def source_type(experiment: ExperimentConfig, config: DQNConfig) -> Type[run_loop.Source]:
-  """The run mode's source class, its libraries imported (rlax; in anakin mode also the
-  environment's JAX library, in distributed mode Ray): each mode imports only its own."""
+  """The run mode's source class, its libraries imported (rlax and the environment adapters;
+  in anakin mode also the environment's JAX library): each mode imports only its own."""
   if config.pqn and experiment.run_mode == "distributed":
     raise ConfigError(
         "`pqn`=True with `run_mode`=distributed: PQN learns from each rollout once, with the "
         "parameters that collected it, so Ray actors acting on older parameters would make "
         "its Q(lambda) targets off-policy. Use `run_mode`=anakin (gymnax) or local.")
   if experiment.run_mode == "anakin":
+    from acme_jax_dqn import envs  # pylint: disable=import-outside-toplevel
     from agents.dqn.anakin import AnakinSource  # pylint: disable=import-outside-toplevel
     envs.import_jax_library(experiment.env)
     return AnakinSource
   if experiment.run_mode == "distributed":
+    # Ray itself is imported where it starts (agents/dqn/ray_cluster.py), within compile_s:
+    # imported here, a killed actor's restart was no longer counted
+    # (tests/integration/test_distributed.py).
     from agents.dqn.distributed import DistributedSource  # pylint: disable=import-outside-toplevel
     return DistributedSource
   from agents.dqn.local_run import LocalSource  # pylint: disable=import-outside-toplevel

@@ -156,8 +156,7 @@ def run(experiment, config, source: Source, start: float,
   callbacks = callbacks or callbacks_lib.CallbackList()
   run_checkpoints = checkpoints.RunCheckpoints(experiment, config)
   try:
-    summary = _drive(experiment, config, source, start, run_checkpoints, callbacks)
-    summary["imports_s"] = imports_s
+    summary = _drive(experiment, config, source, start, run_checkpoints, callbacks, imports_s)
   finally:
     run_checkpoints.close()
   summary_lib.write_summary(experiment.logdir, summary)
@@ -170,7 +169,8 @@ def run(experiment, config, source: Source, start: float,
   return summary
 
 
-def _drive(experiment, config, source: Source, start: float, run_checkpoints, callbacks):
+def _drive(experiment, config, source: Source, start: float, run_checkpoints, callbacks,
+           imports_s: float):
   """`run`'s loop; returns the summary."""
   eval_rows: List[Dict[str, Any]] = []
   resumed_from = None
@@ -312,7 +312,8 @@ def _drive(experiment, config, source: Source, start: float, run_checkpoints, ca
   stopped_early = callbacks.stop_requested and not source.done
   summary = summary_lib.base_summary(
       experiment, config, env_steps=source.env_steps, learner_steps=source.learner_steps,
-      wall_s=wall_s, compile_s=compile_s, eval_s=eval_s, final_eval=final, spec=source.spec,
+      wall_s=wall_s, compile_s=compile_s, imports_s=imports_s, eval_s=eval_s, final_eval=final,
+      spec=source.spec,
       steps_this_start=source.env_steps - first_step)
   summary.update(source.summary_fields(final, wall_s, compile_s),
                  **summary_lib.checkpoint_summary(run_checkpoints, resumed_from),

@@ -47,6 +47,7 @@ def recent_mean(returns: Sequence[float], count: int = 20) -> float:
 
 def base_summary(experiment, config, *, env_steps: int, learner_steps: int, wall_s: float,
                  compile_s: float, eval_s: float, final_eval: Dict[str, Any],
+                 imports_s: float = 0.0,
                  spec: Optional[specs.EnvironmentSpec] = None,
                  steps_this_start: Optional[int] = None) -> Dict[str, Any]:
   """The summary.json fields every run mode writes.
@@ -63,6 +64,7 @@ def base_summary(experiment, config, *, env_steps: int, learner_steps: int, wall
       "learner_steps": learner_steps,
       "wall_s": wall_s,
       "compile_s": compile_s,
+      "imports_s": imports_s,
       "eval_s": eval_s,
       "sps": steps / wall_s,
       "sps_after_compile": steps / (wall_s - compile_s),

@@ -78,3 +78,21 @@ def test_keys_of_many_seeds_in_one_call_are_each_seeds_prngkey(impl):
     wide = seeds + [2**33 + 5]
     last = np.asarray(jax.random.PRNGKey(wide[-1]))[None]
     np.testing.assert_array_equal(seeding.keys_of(wide), np.concatenate([expected, last]))
+
+
+def test_key_shape_is_the_shape_of_a_key_of_the_implementation_in_force():
+  for impl, words in (("threefry2x32", 2), ("rbg", 4), ("unsafe_rbg", 4), ("threefry2x32", 2)):
+    with xla_setup.prng_impl(impl):
+      shape = seeding.key_shape()
+      assert (shape.shape, shape.dtype) == ((words,), np.uint32)
+      assert shape.shape == jax.random.PRNGKey(0).shape
+
+
+def test_on_host_runs_eager_work_on_the_cpu_device_and_stays_put_without_one(monkeypatch):
+  with xla_setup.on_host():
+    assert jax.numpy.ones(2).devices() == {jax.local_devices(backend="cpu")[0]}
+  def no_cpu_backend(*args, backend=None, **kwargs):
+    raise RuntimeError("Unknown backend cpu")  # As with JAX_PLATFORMS=cuda.
+  monkeypatch.setattr(jax, "local_devices", no_cpu_backend)
+  with xla_setup.on_host():
+    assert float(jax.numpy.ones(2).sum()) == 2.0

@@ -417,6 +417,7 @@ def test_anakin_runs_are_deterministic_differ_across_seeds_and_learn(tmp_path):
   with open(tmp_path / "a" / "summary.json") as f:
     on_disk = json.load(f)
   for field in ("env", "run_mode", "seed", "env_steps", "learner_steps", "wall_s", "compile_s",
+                "imports_s",
                 "sps", "sps_after_compile", "eval_return_mean", "eval_return_std",
                 "eval_episodes", "config", "eval_return_per_seed"):
     assert field in on_disk

@@ -254,6 +254,7 @@ def test_the_driver_goes_on_without_an_actor_whose_restart_failed_until_none_is_
 
   source = DistributedSource.__new__(DistributedSource)  # Only the actors' fields.
   source._actors, source._lost = ["actor 0", "actor 1"], []  # pylint: disable=protected-access
+  source._restarting = {1}  # pylint: disable=protected-access
   source._lose_actor(1, DiedInItsConstructor())  # pylint: disable=protected-access
   assert source._lost == [1]  # pylint: disable=protected-access
   with pytest.raises(checkpoints.RunError) as stopped:
@@ -312,7 +313,7 @@ def test_the_driver_counts_a_restart_when_a_new_process_answers_and_drops_a_lost
   source._pending = {actor.remote(50): actor.i for actor in actors}
   source._learner_ref, source._eval_ref, source._train_start = "learner", None, 0.0
   source._restarts, source._lives, source._lost, source._returns = [0] * 4, ["a"] * 4, [], []
-  source._stats = {"actor_steps": {}}
+  source._restarting, source._stats = set(), {"actor_steps": {}}
   source._replay = types.SimpleNamespace(stats=types.SimpleNamespace(remote=lambda: "stats"))
   resumed = []
   source._program = types.SimpleNamespace(
@@ -325,6 +326,47 @@ def test_the_driver_counts_a_restart_when_a_new_process_answers_and_drops_a_lost
   assert calls[1] == 1  # No call after its failed restart.
   # Actors continue their epsilon schedules after a failed call and in a new life.
   assert sorted(resumed) == [0, 0, 0, 2, 3]
+  assert source._restarting == set()  # Actor 2's failed call was answered by the same life since.
+
+
+def test_at_the_end_a_restart_that_completes_is_counted_and_one_that_does_not_is_not(
+    monkeypatch):
+  """Actor 0 died near the end: its questions fail while Ray restarts it, then its new process
+  answers (one restart); actor 1 answers nothing before the wait ends; actor 2 is healthy and
+  is not asked."""
+  from agents.dqn import distributed  # pylint: disable=import-outside-toplevel
+
+  class RayActorError(Exception):
+    actor_init_failed = False
+
+  class GetTimeoutError(Exception):
+    pass
+
+  answers = {0: [RayActorError(), RayActorError(), "b"], 1: [GetTimeoutError()]}
+  asked = []
+
+  class Ray:
+    exceptions = types.SimpleNamespace(RayActorError=RayActorError,
+                                       GetTimeoutError=GetTimeoutError)
+
+    def get(self, ref, timeout):
+      assert 0 < timeout <= distributed.RESTART_SETTLE_S
+      outcome = answers[ref].pop(0)
+      if isinstance(outcome, Exception):
+        raise outcome
+      return {"life": outcome}
+
+  def actor(i):
+    return types.SimpleNamespace(info=types.SimpleNamespace(remote=lambda: asked.append(i) or i))
+
+  monkeypatch.setattr(distributed.time, "sleep", lambda s: None)
+  source = DistributedSource.__new__(DistributedSource)
+  # pylint: disable=protected-access
+  source._ray, source._actors = Ray(), [actor(i) for i in range(3)]
+  source._restarts, source._lives, source._restarting = [0, 0, 0], ["a"] * 3, {0, 1}
+  source._settle_restarts()
+  assert source._restarts == [1, 0, 0] and source._lives == ["b", "a", "a"]
+  assert asked == [0, 0, 0, 1] and source._restarting == {1}
 
 
 def test_an_evaluation_still_running_when_the_run_stops_is_made_up_on_resume(tmp_path):

@@ -46,14 +46,18 @@ experiment = experiment_lib.ExperimentConfig(
     eval_episodes=2, logdir=sys.argv[3], quiet=True, save_checkpoints=False)
 config = DQNConfig(hidden_sizes=(16,), batch_size=16, min_replay_size=200,
                    replay_capacity=1000)
+libraries = ("gymnax", "rlax", "distrax")
+imported = [[name in sys.modules for name in libraries]]
 make = experiment_lib.source_type(experiment, config)  # The imports come before the build.
-on_host, real_on_host = [0], xla_setup.on_host
+imported.append([name in sys.modules for name in libraries])
+on_host, real_on_host, platforms = [0], xla_setup.on_host, set()
 
 @contextlib.contextmanager
 def counted_on_host():
   on_host[0] += 1
   try:
     with real_on_host():
+      platforms.add(jax.config.jax_default_device.platform)
       yield
   finally:
     on_host[0] -= 1
@@ -71,7 +75,7 @@ class Record(logging.Handler):
 logging.getLogger("jax").addHandler(Record())
 jax.config.update("jax_log_compiles", True)
 make(experiment, config).close()
-print(json.dumps(eager))
+print(json.dumps({"eager": eager, "imported": imported, "platforms": sorted(platforms)}))
 """
 
 
@@ -86,7 +90,11 @@ def test_building_an_anakin_run_compiles_eager_operations_for_the_host_alone(tmp
         [sys.executable, "-c", _BUILD_ANAKIN, env, str(num_seeds), str(tmp_path / str(num_seeds))],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    eager = json.loads(result.stdout.strip().splitlines()[-1])
+    printed = json.loads(result.stdout.strip().splitlines()[-1])
+    eager = printed["eager"]
+    # gymnax, rlax and distrax are imported by `source_type`, not by the build.
+    assert printed["imported"] == [[False, False, False], [True, True, True]], printed
+    assert printed["platforms"] == ["cpu"], printed
     names = [name for name, _ in eager]
     assert len(eager) >= 3, eager  # The spaces' operations and the seeds' keys did compile,
     assert any(name in ("jit(_threefry_seed)", "jit(PRNGKey)") for name in names), eager

@@ -14,7 +14,7 @@ from tests.fakes import ROOT, TINY, copy_run
 SUMMARY_FIELDS = ("env", "run_mode", "seed", "env_steps", "learner_steps", "wall_s",
                   "compile_s", "sps", "sps_after_compile", "eval_return_mean",
                   "eval_return_std", "eval_episodes", "config", "eval_s", "train_episodes",
-                  "train_return_recent", "experiment", "versions", "backend")
+                  "train_return_recent", "experiment", "versions", "backend", "imports_s")
 
 
 def run_dqn(*args, timeout=300):
