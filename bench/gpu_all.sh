@@ -83,7 +83,7 @@ step kernel_times_many_xla 60 $PY -m bench.kernel_times --flagfile=$CFG --num_se
   --total_steps=$TRACED_STEPS --out="$OUT/kernel_times_many_xla.md"
 breakout lax_conv _2
 breakout patches _2
-peer && step gpu_speed 200 $PY -m bench.gpu_speed --purejaxrl_dir="$PEER" \
+peer && step gpu_speed 240 $PY -m bench.gpu_speed --purejaxrl_dir="$PEER" \
   --num_seeds=1,$MANY --minatar_seeds=1,64 --total_steps=$STEPS \
   --logdir="$OUT/runs_default" --out="$OUT/gpu_speed.md"
 peer && step compile_time 90 $PY -m bench.compile_time --flagfile=$CFG --num_seeds=$MANY \
