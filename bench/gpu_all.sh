@@ -55,8 +55,13 @@ step() {  # step NAME CAP_S COMMAND...
   fi
   [ "$cap" -gt $(( left - 10 )) ] && cap=$(( left - 10 ))
   echo "== $name: at $(( $(date +%s) - START )) s, cap $cap s" | tee -a "$OUT/log.txt"
-  timeout -k 10 "$cap" "$@" > "$OUT/$name.txt" 2>&1
-  echo "exit code $?" >> "$OUT/$name.txt"
+  # A session of its own: what the step started (a bench's runs) goes with it at the cap.
+  setsid timeout -k 10 "$cap" "$@" > "$OUT/$name.txt" 2>&1 &
+  local pid=$! code
+  wait "$pid"
+  code=$?
+  kill -KILL -- -"$pid" 2> /dev/null
+  echo "exit code $code" >> "$OUT/$name.txt"
   tail -n 25 "$OUT/$name.txt" >> "$OUT/log.txt"
 }
 
