@@ -55,7 +55,7 @@ step() {  # step NAME CAP_S COMMAND...
   fi
   [ "$cap" -gt $(( left - 10 )) ] && cap=$(( left - 10 ))
   echo "== $name: at $(( $(date +%s) - START )) s, cap $cap s" | tee -a "$OUT/log.txt"
-  # A session of its own: what the step started (a bench's runs) goes with it at the cap.
+  # Its own process group (setsid): what the step started (a bench's runs) goes with it.
   setsid timeout -k 10 "$cap" "$@" > "$OUT/$name.txt" 2>&1 &
   local pid=$! code
   wait "$pid"

@@ -40,9 +40,7 @@ def source_type(experiment: ExperimentConfig, config: DQNConfig) -> Type[run_loo
     envs.import_jax_library(experiment.env)
     return AnakinSource
   if experiment.run_mode == "distributed":
-    # Ray itself is imported where it starts (agents/dqn/ray_cluster.py), within compile_s:
-    # imported here, a killed actor's restart was no longer counted
-    # (tests/integration/test_distributed.py).
+    # Ray itself is imported where it is started (agents/dqn/ray_cluster.py), within compile_s.
     from agents.dqn.distributed import DistributedSource  # pylint: disable=import-outside-toplevel
     return DistributedSource
   from agents.dqn.local_run import LocalSource  # pylint: disable=import-outside-toplevel
