@@ -17,18 +17,15 @@ from agents.dqn import run_loop
 from agents.dqn.config import ConfigError, DQNConfig
 from agents.dqn.experiment_config import ExperimentConfig
 
-__all__ = ["ExperimentConfig", "make_source", "run_experiment", "set_anakin_cpu_devices",
-           "source_type", "train"]
-
-
-def make_source(experiment: ExperimentConfig, config: DQNConfig) -> run_loop.Source:
-  """The run mode's source (builds, and in anakin mode compiles, the program)."""
-  return source_type(experiment, config)(experiment, config)
+__all__ = ["ExperimentConfig", "run_experiment", "set_anakin_cpu_devices", "source_type",
+           "train"]
 
 
 def source_type(experiment: ExperimentConfig, config: DQNConfig) -> Type[run_loop.Source]:
   """The run mode's source class, its libraries imported (rlax and the environment adapters;
-  in anakin mode also the environment's JAX library): each mode imports only its own."""
+  in anakin mode also the environment's JAX library): each mode imports only its own.
+  Called with (experiment, config), the class builds the source (in anakin mode it compiles
+  the program)."""
   if config.pqn and experiment.run_mode == "distributed":
     raise ConfigError(
         "`pqn`=True with `run_mode`=distributed: PQN learns from each rollout once, with the "
