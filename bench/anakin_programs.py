@@ -8,11 +8,12 @@ XLA compiler options of that program's compile alone (init compiles once,
 with XLA's defaults, and every run includes it). `timed_rounds` calls them
 in turn; bench/warmup_loops.py and bench/compiler_options.py time them.
 `parse_options` reads compiler options as bench/compiler_options.py takes
-them.
+them. Each program's module is named for what it is (`init`, `chunk_warmup_<n>`),
+so that a profiler's trace tells their kernels apart (bench/kernel_times.py).
 """
 
 import time
-from typing import Dict, List, Tuple, Union
+from typing import Callable, Dict, List, NamedTuple, Tuple, Union
 
 import jax
 import numpy as np
@@ -30,9 +31,25 @@ DEFAULT = "default"
 RUN_DEFAULT = {DEFAULT: (None, None, None)}  # The structure and options a run gets.
 
 
+class Program(NamedTuple):
+  """One variant's programs: their compile seconds (the chunks'), `run()` and the optimized HLO
+  texts of init and of each chunk program."""
+  compile_s: float
+  run: Callable[[], Tuple]
+  texts: List[str]
+
+
+def named(fn, name: str):
+  """`fn` under another name, which `jax.jit` gives the program's module."""
+  def renamed(*args):
+    return fn(*args)
+  renamed.__name__ = renamed.__qualname__ = name
+  return renamed
+
+
 def programs(experiment, config, num_seeds: int, variants=None):
-  """({name: (compile s, run())} for each of `variants` (default `STRUCTURES`), the plan, the
-  warm-up iterations); run() is init and every chunk of the plan, -> (params, metric rows)."""
+  """({name: Program} for each of `variants` (default `STRUCTURES`), the plan, the warm-up
+  iterations); a Program's run() is init and every chunk of the plan, -> (params, metric rows)."""
   env = envs.make_jax_environment(experiment.env)
   builder = DQNBuilder(config)
   trainer = builder.make_anakin(env, builder.make_networks(env.spec, experiment.env),
@@ -40,7 +57,7 @@ def programs(experiment, config, num_seeds: int, variants=None):
   plan = AnakinPlan(trainer, config, experiment)
   batched = seed_layout.runs_batched(num_seeds, experiment.prng_impl)
   keys = seeding.keys_of([experiment.seed + i for i in range(num_seeds)])  # As run_dqn's.
-  init_fn = jax.jit(seed_layout.over_seeds(trainer.init, batched))
+  init_fn = jax.jit(named(seed_layout.over_seeds(trainer.init, batched), "init"))
   state_shape = jax.eval_shape(init_fn, keys)
   init = init_fn.lower(keys).compile()
   out = {}
@@ -50,8 +67,8 @@ def programs(experiment, config, num_seeds: int, variants=None):
     warmups = plan.chunk_warmups(trainer, loops)
     compiled, start = {}, time.perf_counter()
     for warmup in dict.fromkeys(warmups):
-      compiled[warmup] = jax.jit(plan.chunk_fn(trainer, warmup, batched, apart),
-                                 donate_argnums=0).lower(state_shape, np.int32(0)).compile(
+      chunk = named(plan.chunk_fn(trainer, warmup, batched, apart), f"chunk_warmup_{warmup}")
+      compiled[warmup] = jax.jit(chunk, donate_argnums=0).lower(state_shape, np.int32(0)).compile(
                                      compiler_options=options or None)
     compile_s = time.perf_counter() - start
 
@@ -62,7 +79,8 @@ def programs(experiment, config, num_seeds: int, variants=None):
         rows.append(jax.device_get(metrics))
       return jax.device_get(state.learner.online_params), rows
 
-    out[name] = (compile_s, run)
+    out[name] = Program(compile_s, run, [init.as_text()] + [c.as_text() for c in
+                                                             compiled.values()])
   return out, plan, trainer.warmup_iterations
 
 
@@ -76,7 +94,7 @@ def timed_rounds(progs, repeats: int) -> Tuple[Dict[str, List[float]], Dict[str,
     turn = repeat % len(names)
     for name in names[turn:] + names[:turn]:
       start = time.perf_counter()
-      results[name] = progs[name][1]()
+      results[name] = progs[name].run()
       if repeat:
         times[name].append(time.perf_counter() - start)
   return times, results

@@ -107,11 +107,11 @@ def main(argv):
       times, results = anakin_programs.timed_rounds(progs, FLAGS.repeats)
     steps = plan.env_steps * num_seeds
     default_sum = checkpointing.params_checksum(results[anakin_programs.DEFAULT][0])
-    for name, (compile_s, _) in progs.items():
+    for name, prog in progs.items():
       ratios = [d / t for d, t in zip(times[anakin_programs.DEFAULT], times[name])]
       same = checkpointing.params_checksum(results[name][0]) == default_sum
       median = statistics.median(times[name])
-      table.add(f"| {num_seeds} | {name} | {compile_s:.1f} | {median:.2f} | "
+      table.add(f"| {num_seeds} | {name} | {prog.compile_s:.1f} | {median:.2f} | "
                 f"{steps / median:,.0f} | {statistics.median(ratios):.2f}x "
                 f"({min(ratios):.2f}-{max(ratios):.2f}) | {'yes' if same else 'no'} |")
       if name != anakin_programs.DEFAULT:

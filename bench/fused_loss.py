@@ -133,7 +133,7 @@ def main(argv):
               for n in names[1:]}
     medians.append(max(ratios.values()))
     table.add(
-        f"| {num_seeds} | " + ", ".join(f"{progs[n][0]:.1f}" for n in names) + " | "
+        f"| {num_seeds} | " + ", ".join(f"{progs[n].compile_s:.1f}" for n in names) + " | "
         + ", ".join(f"{statistics.median(times[n]):.2f}" for n in names) + " | "
         + ", ".join(f"{n}: **{r:.2f}x**" for n, r in ratios.items()) + " | "
         + ", ".join(f"{drift(results[n][0], xla_params):.1e}" for n in names[1:]) + " |")

@@ -18,8 +18,9 @@
 # In order: the fused loss against XLA's (one batch, then the run's programs); ours beside
 # PureJaxRL with the fused loss; Breakout-MinAtar with cuDNN's convolutions and with patch
 # products, twice, alternating; where the device's time goes (bench/kernel_times.py) on
-# Breakout at one seed and on CartPole at 2,048 seeds with and without the fused loss; ours
-# beside PureJaxRL at the defaults; the build's compile schedules.
+# Breakout at one seed and on CartPole at 2,048 seeds with and without the fused loss (without
+# it beside PureJaxRL's kernels, each op with its modelled bytes); ours beside PureJaxRL at the
+# defaults; the build's compile schedules.
 # Every step's output is in $OUT/<step>.txt, its tail in $OUT/log.txt, its table in $OUT/*.md.
 set -u
 START=$(date +%s)
@@ -84,8 +85,10 @@ step kernel_times_breakout 60 $PY -m bench.kernel_times --flagfile=$CFG \
   --env=gymnax:Breakout-MinAtar --total_steps=$TRACED_STEPS --out="$OUT/kernel_times_breakout.md"
 step kernel_times_many_fused 60 $PY -m bench.kernel_times --flagfile=$CFG --num_seeds=$MANY \
   --total_steps=$TRACED_STEPS --fused_loss --out="$OUT/kernel_times_many_fused.md"
-step kernel_times_many_xla 60 $PY -m bench.kernel_times --flagfile=$CFG --num_seeds=$MANY \
-  --total_steps=$TRACED_STEPS --out="$OUT/kernel_times_many_xla.md"
+PEER_FLAG=""
+peer && PEER_FLAG="--purejaxrl_dir=$PEER"
+step kernel_times_many_xla 90 $PY -m bench.kernel_times --flagfile=$CFG --num_seeds=$MANY \
+  --total_steps=$TRACED_STEPS $PEER_FLAG --out="$OUT/kernel_times_many_xla.md"
 breakout lax_conv _2
 breakout patches _2
 peer && step gpu_speed 240 $PY -m bench.gpu_speed --purejaxrl_dir="$PEER" \

@@ -214,6 +214,32 @@ def kernels(name: str, computations: Dict[str, List[str]],
   return dict(counts)
 
 
+def module_name(text: str) -> str:
+  """The name of the module `text` holds (its first line: `HloModule <name>, ...`)."""
+  found = re.match(r"\s*HloModule\s+([\w.\-]+)", text)
+  return found.group(1) if found else ""
+
+
+def op_bytes(text: str) -> Dict[str, int]:
+  """{kernel's instruction name: the bytes one run of it reads and writes, as `kernel_bytes`
+  models them} for every kernel of the module: the fusions, unfused ops and custom calls of its
+  computations that are not a fusion's body, less loops, conditionals and calls (whose kernels
+  are those of the computations they run). The names are those a profiler gives the kernels."""
+  _, computations = parse_hlo(text)
+  shapes = module_shapes(computations)
+  fusion_bodies = {called for lines in computations.values() for line in lines
+                   for kind, called in _CALLED.findall(line) if kind == "calls"}
+  out = {}
+  for computation, lines in computations.items():
+    if computation in fusion_bodies:
+      continue
+    for line in lines:
+      name, _, opcode, _ = parts(line)
+      if opcode not in FREE and opcode not in ("while", "conditional", "call"):
+        out[name] = kernel_bytes(line, computations, shapes)
+  return out
+
+
 def _entry_loops(text: str) -> Tuple[Dict[str, List[str]], List[str]]:
   """(the computations, the entry computation's loop instructions)."""
   entry, computations = parse_hlo(text)

@@ -1,7 +1,8 @@
 """Where an anakin run's device time goes: its kernels by time per iteration, from a profiler trace.
 
   python -m bench.kernel_times --flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg \\
-      [--env=gymnax:Breakout-MinAtar] [--num_seeds=2048] [--fused_loss] [--top=20]
+      [--env=gymnax:Breakout-MinAtar] [--num_seeds=2048] [--fused_loss] [--top=20] \\
+      [--purejaxrl_dir=/path/to/purejaxrl]
 
 The run's programs (init and every chunk of the command's run flags, on one
 device: one seed unbatched, more vmapped, as `launch.run_dqn` lays out a
@@ -11,12 +12,19 @@ with `jax.profiler.ProfileData`: on a GPU the kernels of the device's
 streams, on the CPU the thunks XLA ran. It prints, per training
 iteration, the wall time untraced and traced, the device's busy time (the
 kernels' durations summed) and the kernels run, then the `--top` HLO ops
-by device time. Where busy time is well under the wall time, launches and
+by device time, each with the bytes bench/hlo_count.py models it to read
+and write and the rate that makes (modelled bytes over measured time).
+Where busy time is well under the wall time, launches and
 host round trips set the speed, not the kernels; where it is close, the
-slowest kernels are where to look. Tracing adds its own cost per kernel
+slowest kernels are where to look, and a slow kernel with a low rate is
+one that its bytes do not explain. Tracing adds its own cost per kernel
 (on the CPU many times the run's), so the untraced wall time is the one
 to compare; on the CPU, thunks run on more than one thread and busy time
 can exceed it.
+
+With `--purejaxrl_dir` (CartPole-v1 only) PureJaxRL's dqn.py (its `main()`
+config, learning from the run's `--min_replay_size`, as many env steps and
+seeds) is traced the same way, after ours, and its rows follow ours.
 """
 
 import collections
@@ -26,6 +34,7 @@ import shutil
 import sys
 import tempfile
 import time
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from absl import app
 from absl import flags
@@ -37,12 +46,17 @@ from launch import flags as launch_flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # For `bench`.
 from bench import anakin_programs  # pylint: disable=wrong-import-position
 from bench import harness  # pylint: disable=wrong-import-position
+from bench import hlo_count  # pylint: disable=wrong-import-position
+from bench import purejaxrl_peer  # pylint: disable=wrong-import-position
 
 launch_flags.define_flags()
 flags.DEFINE_integer("top", 20, "HLO ops to list, by device time.")
 flags.DEFINE_string("out", "", "Markdown table to write (default: "
                     "bench/results/kernel_times_<backend>.md).")
+flags.DEFINE_string("purejaxrl_dir", "", "A checkout of luchris429/purejaxrl (commit "
+                    f"{purejaxrl_peer.COMMIT}) whose dqn.py to trace after ours ('': ours only).")
 FLAGS = flags.FLAGS
+PEER_ENV = "gymnax:CartPole-v1"
 
 
 # Lines of a GPU plane that the profiler derives from the streams' kernels (they overlap them).
@@ -52,11 +66,18 @@ DERIVED_LINES = ("XLA Modules", "XLA Ops", "XLA TraceMe", "Steps", "Framework Na
 CONTROL_FLOW = ("while", "cond", "conditional", "call")  # CPU thunks that hold other thunks.
 
 
-def kernel_events(profile):
-  """([(op name, seconds)] of every kernel the device ran, [the trace lines read]): a GPU's
-  stream events, or on the CPU the thunks that name an HLO op, less those of loops,
-  conditionals and calls, whose time is their inner thunks' (other host events are Python's
-  and the runtime's)."""
+class Kernel(NamedTuple):
+  """One kernel the device ran: its program's module, its HLO op, its own name, its seconds."""
+  module: str
+  op: str
+  name: str
+  seconds: float
+
+
+def kernel_events(profile) -> Tuple[List[Kernel], List[str]]:
+  """([every kernel the device ran], [the trace lines read]): a GPU's stream events, or on the
+  CPU the thunks that name an HLO op, less those of loops, conditionals and calls, whose time
+  is their inner thunks' (other host events are Python's and the runtime's)."""
   out, read = [], set()
   for plane in profile.planes:
     on_gpu = plane.name.startswith("/device:GPU")
@@ -67,20 +88,75 @@ def kernel_events(profile):
         continue
       for event in line.events:
         stats = dict(event.stats)
-        name = str(stats.get("hlo_op", event.name))
-        if on_gpu or ("hlo_op" in stats and name.split(".")[0] not in CONTROL_FLOW):
-          out.append((name, event.duration_ns * 1e-9))
+        op = str(stats.get("hlo_op", event.name))
+        if on_gpu or ("hlo_op" in stats and op.split(".")[0] not in CONTROL_FLOW):
+          out.append(Kernel(str(stats.get("hlo_module", "")), op, event.name,
+                            event.duration_ns * 1e-9))
           read.add(f"{plane.name} {line.name}")
   return out, sorted(read)
 
 
-def traced(run):
-  """Wall seconds of `run()` under the profiler, its kernel events and the trace lines read."""
+def modelled_bytes(texts: Sequence[str]) -> Callable[[str, str], Optional[int]]:
+  """`bytes_of(module, op)`: what bench/hlo_count.py models one run of the op to read and write,
+  from the optimized HLO `texts` of the traced programs; an op the trace names without its
+  module is looked up in every module, and None where it is in none or in two with different
+  bytes."""
+  by_module: Dict[str, Dict[str, int]] = collections.defaultdict(dict)
+  for text in texts:
+    by_module[hlo_count.module_name(text)].update(hlo_count.op_bytes(text))
+
+  def bytes_of(module: str, op: str) -> Optional[int]:
+    if op in by_module.get(module, {}):
+      return by_module[module][op]
+    found = {ops[op] for ops in by_module.values() if op in ops}
+    return found.pop() if len(found) == 1 else None
+
+  return bytes_of
+
+
+class OpTime(NamedTuple):
+  """An HLO op's kernels in a trace, per training iteration."""
+  module: str
+  op: str
+  runs: float  # Runs of the op per iteration (an op that launches several kernels runs once).
+  kernels: float  # Its kernels per iteration.
+  us: float  # Its kernels' microseconds per iteration.
+  bytes: Optional[int]  # Modelled bytes of one run.
+
+
+def op_times(events: Sequence[Kernel], iterations: int, bytes_of) -> List[OpTime]:
+  """The trace's kernels grouped by HLO op, the op with the most time first."""
+  grouped = collections.defaultdict(list)
+  for kernel in events:
+    grouped[(kernel.module, kernel.op)].append(kernel)
+  out = []
+  for (module, op), kernels in grouped.items():
+    runs = max(collections.Counter(k.name for k in kernels).values())
+    out.append(OpTime(module, op, runs / iterations, len(kernels) / iterations,
+                      1e6 * sum(k.seconds for k in kernels) / iterations, bytes_of(module, op)))
+  return sorted(out, key=lambda t: -t.us)
+
+
+class Traced(NamedTuple):
+  """A program's timings: wall seconds untraced and traced, its kernels and the lines read."""
+  wall: float
+  traced_wall: float
+  events: List[Kernel]
+  lines: List[str]
+
+
+def traced(run) -> Traced:
+  """`run()` once to warm (the first call also loads each program), once timed, once under the
+  profiler: the wall seconds of the last two, the kernel events and the trace lines read."""
+  run()
+  start = time.perf_counter()
+  run()
+  wall = time.perf_counter() - start
   directory = tempfile.mkdtemp(prefix="kernel_times_")
   start = time.perf_counter()
   with jax.profiler.trace(directory):
     run()
-  wall = time.perf_counter() - start
+  traced_wall = time.perf_counter() - start
   paths = sorted(glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True))
   events, lines = (kernel_events(jax.profiler.ProfileData.from_file(paths[-1])) if paths
                    else ([], []))
@@ -88,7 +164,37 @@ def traced(run):
   if not events:
     sys.exit(f"error: the profiler's trace of the run holds no kernel events (trace files: "
              f"{len(paths)}); this JAX's profiler may not trace the {jax.default_backend()}.")
-  return wall, events, lines
+  return Traced(wall, traced_wall, events, lines)
+
+
+def peer_program(checkout: str, num_seeds: int, env_steps: int, min_replay_size: int):
+  """(compile s, run(), optimized HLO texts) of PureJaxRL's dqn.py for `num_seeds` seeds of
+  `env_steps` env steps each, learning from `min_replay_size` env steps."""
+  config = purejaxrl_peer.main_config(env_steps)
+  config["LEARNING_STARTS"] = min_replay_size
+  train = jax.jit(anakin_programs.named(
+      purejaxrl_peer.make_train(purejaxrl_peer.load(checkout), config), "purejaxrl_train"))
+  keys = jax.random.split(jax.random.PRNGKey(0), num_seeds)
+  start = time.perf_counter()
+  compiled = train.lower(keys).compile()
+  compile_s = time.perf_counter() - start
+  return compile_s, lambda: jax.block_until_ready(compiled(keys)), [compiled.as_text()]
+
+
+def summary_line(label: str, timed: Traced, iterations: int, env_steps: int,
+                 ops: Sequence[OpTime]) -> str:
+  """Per iteration: the walls, the busy time, the kernels and the modelled traffic's rate."""
+  per = lambda seconds: 1e6 * seconds / iterations  # Microseconds per iteration.
+  busy = sum(k.seconds for k in timed.events)
+  known = [t for t in ops if t.bytes is not None]
+  megabytes = sum(t.runs * t.bytes for t in known) / 1e6
+  known_us = sum(t.us for t in known)
+  return (f"{label}: wall {per(timed.wall):.1f} us untraced ({env_steps / timed.wall:,.0f} env "
+          f"steps/s), {per(timed.traced_wall):.1f} us traced; device busy {per(busy):.1f} us "
+          f"({busy / timed.wall:.0%} of the untraced wall), "
+          f"{len(timed.events) / iterations:.1f} kernels; modelled {megabytes:,.3f} MB in the "
+          f"{known_us:.1f} us of the kernels whose bytes are modelled "
+          f"({1e3 * megabytes / max(known_us, 1e-9):,.1f} GB/s)")
 
 
 def main(argv):
@@ -96,39 +202,60 @@ def main(argv):
   if FLAGS.top < 1:
     harness.bad_input(f"--top={FLAGS.top}: give a whole number of 1 or more.")
   config, experiment = harness.anakin_run_flags(1)
+  if FLAGS.purejaxrl_dir and experiment.env != PEER_ENV:
+    harness.bad_input(f"--purejaxrl_dir with --env={experiment.env}: PureJaxRL's dqn.py is "
+                      f"traced on {PEER_ENV} only; drop --purejaxrl_dir or pass --env={PEER_ENV}.")
+  if FLAGS.purejaxrl_dir:
+    purejaxrl_peer.load(FLAGS.purejaxrl_dir)  # A missing checkout stops the bench before compiling.
+  num_seeds = experiment.num_seeds
   with xla_setup.prng_impl(experiment.prng_impl):
-    built, plan, _ = anakin_programs.programs(experiment, config, experiment.num_seeds,
+    built, plan, _ = anakin_programs.programs(experiment, config, num_seeds,
                                               anakin_programs.RUN_DEFAULT)
-    compile_s, run = built[anakin_programs.DEFAULT]
-    run()  # Warm: the first call of each program also loads it.
-    start = time.perf_counter()
-    run()
-    wall = time.perf_counter() - start
-    traced_wall, events, lines = traced(run)
-  iterations = plan.num_chunks * plan.iterations_per_chunk
-  per = lambda seconds: 1e6 * seconds / iterations  # Microseconds per iteration.
-  busy = sum(seconds for _, seconds in events)
-  by_op = collections.defaultdict(lambda: [0, 0.0])
-  for name, seconds in events:
-    by_op[name][0] += 1
-    by_op[name][1] += seconds
+    ours = built[anakin_programs.DEFAULT]
+    timed = {"ours": (ours.compile_s, traced(ours.run), ours.texts,
+                      plan.num_chunks * plan.iterations_per_chunk, plan.steps_per_iteration)}
+  if FLAGS.purejaxrl_dir:
+    compile_s, run, texts = peer_program(FLAGS.purejaxrl_dir, num_seeds, plan.env_steps,
+                                         config.min_replay_size)
+    steps = purejaxrl_peer.main_config(plan.env_steps)["NUM_ENVS"]
+    timed["PureJaxRL dqn.py"] = (compile_s, traced(run), texts, plan.env_steps // steps, steps)
   table = harness.PrintedTable(
-      ["HLO op", "runs per iteration", "us per run", "us per iteration", "share of busy time"],
+      ["program", "HLO op", "runs per iteration", "us per run", "us per iteration",
+       "share of busy time", "modelled MB per run", "GB/s (modelled bytes / time)"],
       summary=harness.jax_here())
-  for name, (count, seconds) in sorted(by_op.items(), key=lambda kv: -kv[1][1])[:FLAGS.top]:
-    table.add(f"| `{name}` | {count / iterations:.2f} | {1e6 * seconds / count:.2f} | "
-              f"{per(seconds):.2f} | {seconds / busy:.1%} |")
+  lines, busy_us = [], {}
+  for label, (compile_s, result, texts, iterations, steps) in timed.items():
+    ops = op_times(result.events, iterations, modelled_bytes(texts))
+    busy = sum(t.us for t in ops)
+    busy_us[label] = busy
+    for t in ops[:FLAGS.top]:
+      rate = (f"{t.runs * t.bytes / t.us / 1e3:,.1f}" if t.bytes is not None and t.us > 0
+              else "?")
+      size = f"{t.bytes / 1e6:,.3f}" if t.bytes is not None else "?"
+      table.add(f"| {label} | `{t.op}` | {t.runs:.2f} | {t.us / t.runs:.2f} | {t.us:.2f} | "
+                f"{t.us / busy:.1%} | {size} | {rate} |")
+    lines.append(summary_line(f"{label} ({steps} env steps per iteration, {iterations:,} "
+                              f"iterations, compile {compile_s:.1f} s)", result, iterations,
+                              plan.env_steps * num_seeds, ops))
+  if len(busy_us) == 2:
+    lines.append(f"device busy per iteration, ours / PureJaxRL: "
+                 f"{busy_us['ours'] / busy_us['PureJaxRL dqn.py']:.2f}x")
+  first = next(iter(timed.values()))[1]
   table.close(
       FLAGS.out or f"bench/results/kernel_times_{jax.default_backend()}.md",
-      f"compared: one run of the command's run flags ({experiment.env}, {experiment.num_seeds} "
-      f"seed(s) on one device, {plan.num_chunks} chunk(s) of {plan.iterations_per_chunk:,} "
-      f"iterations, {plan.env_steps:,} env steps per seed; compile {compile_s:.1f} s) against "
-      f"its own kernels. Per iteration: wall {per(wall):.1f} us untraced "
-      f"({plan.env_steps * experiment.num_seeds / wall:,.0f} env steps/s), {per(traced_wall):.1f} "
-      f"us traced; device busy {per(busy):.1f} us ({busy / wall:.0%} of the untraced wall), "
-      f"{len(events) / iterations:.1f} kernels. The table: the {FLAGS.top} HLO ops with the "
-      "most device time (on the CPU, XLA's thunks), from jax.profiler's trace of the run "
-      f"(read from {len(lines)} trace line(s): {'; '.join(lines[:4])}).")
+      f"compared: one run of the command's run flags ({experiment.env}, {num_seeds} seed(s) on "
+      f"one device, {plan.num_chunks} chunk(s) of {plan.iterations_per_chunk:,} iterations, "
+      f"{plan.env_steps:,} env steps per seed)"
+      + (" and of PureJaxRL's dqn.py (main() config, learning after "
+         f"{config.min_replay_size:,} env steps, the same seeds and env steps)"
+         if FLAGS.purejaxrl_dir else "")
+      + ", each against its own kernels. Per iteration: " + "; ".join(lines) + ". The table: "
+      f"each program's {FLAGS.top} HLO ops with the most device time (on the CPU, XLA's "
+      "thunks), from jax.profiler's trace of the run; modelled MB: bench/hlo_count.py's "
+      "model of the bytes one run of the op reads and writes, from the program's optimized "
+      "HLO ('?': the trace's op is not found there), and the rate those bytes make in the "
+      f"op's measured time (read from {len(first.lines)} trace line(s): "
+      f"{'; '.join(first.lines[:4])}).")
 
 
 if __name__ == "__main__":

@@ -82,7 +82,7 @@ def main(argv):
                and same_rows(rows_cond, rows) for p, rows in results.values())
     table.add(
         f"| {num_seeds} | {warmup:,} / {plan.iterations_per_chunk:,} | "
-        + ", ".join(f"{compile_s:.1f}" for compile_s, _ in progs.values()) + " | "
+        + ", ".join(f"{prog.compile_s:.1f}" for prog in progs.values()) + " | "
         + " | ".join(f"{statistics.median(t):.2f}" for t in times.values())
         + f" | {medians[-1]:.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | "
         f"{apart_medians[-1]:.2f}x ({min(apart):.2f}-{max(apart):.2f}) | "

@@ -269,29 +269,93 @@ def test_the_fused_loss_bench_trains_the_run_with_both_losses_to_the_same_parame
   assert found and all(float(e) < 1e-5 for e in found.groups()), out.read_text()[-400:]
 
 
+# A stand-in dqn.py that jit can run: the three lines the loader rewrites, in a loop of
+# TOTAL_TIMESTEPS // NUM_ENVS iterations, each one [10, 64] x [64, 64] product.
+_JITTABLE_STAND_IN = '''
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class Env:
+    def step(self, rng, state, action, params):
+        return action, action, jnp.sum(action), jnp.bool_(False), jnp.bool_(False), {}
+
+
+class TrainState(NamedTuple):
+    timesteps: jax.Array
+    w: jax.Array
+
+    def replace(self, **fields):
+        return self._replace(**fields)
+
+
+def make_train(config):
+    env, env_params = Env(), None
+
+    def vmap_step(n):
+        return lambda rng, env_state, action: env.step(rng, env_state, action, env_params)
+
+    def train(rng):
+        _env_state = jax.random.normal(rng, (config["NUM_ENVS"], 64))
+        _action = _env_state
+        _obs, _, _reward, _done, _ = env.step(rng, _env_state, _action, env_params)
+
+        def _update_step(carry, _):
+            train_state, env_state = carry
+            action = env_state @ train_state.w
+            obs, env_state, reward, done, info = vmap_step(config["NUM_ENVS"])(
+                rng, env_state, action
+            )
+            train_state = train_state.replace(
+                timesteps=train_state.timesteps + config["NUM_ENVS"]
+            )
+            return (train_state, env_state), done
+
+        start = TrainState(jnp.int32(0), jnp.eye(64) * 0.5)
+        return jax.lax.scan(_update_step, (start, _obs), None,
+                            config["TOTAL_TIMESTEPS"] // config["NUM_ENVS"])
+    return train
+'''
+
+
 def test_the_kernel_times_bench_reads_the_runs_own_kernels_from_a_trace(tmp_path):
   """One seed on the CPU: the trace's thunks, per iteration, ranked by time; the per-op rows
-  account for no more than the busy time they are shares of."""
+  account for no more than the busy time they are shares of, and each has the bytes its
+  program's HLO models. Beside it a stand-in of PureJaxRL's script, whose one product per
+  iteration is found with its hand-counted bytes."""
   out = tmp_path / "kernel_times.md"
+  checkout = _checkout(tmp_path, _JITTABLE_STAND_IN)
   subprocess.run(
       [sys.executable, "-m", "bench.kernel_times",
        "--flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg", "--total_steps=1200",
-       "--min_replay_size=400", "--log_every=1200", "--top=5", f"--out={out}"],
+       "--min_replay_size=400", "--log_every=1200", "--top=5", f"--out={out}",
+       f"--purejaxrl_dir={checkout}"],
       cwd=ROOT, check=True, capture_output=True, text=True, timeout=300)
   text = out.read_text()
   rows = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines()
-          if line.startswith("| `")]
+          if line.startswith("| ours | `")]
   assert len(rows) == 5, text[-600:]
-  per_iteration = [float(row[3]) for row in rows]
+  per_iteration = [float(row[4]) for row in rows]
   assert per_iteration == sorted(per_iteration, reverse=True) and per_iteration[-1] > 0, rows
-  assert sum(float(row[4].rstrip("%")) for row in rows) <= 100.0, rows
-  found = re.search(r"wall ([\d.]+) us untraced .* device busy ([\d.]+) us .*, ([\d.]+) "
-                    r"kernels\.", text)
-  assert found, text[-600:]
+  assert sum(float(row[5].rstrip("%")) for row in rows) <= 100.0, rows
+  assert all(float(row[6]) >= 0 and row[7] != "?" for row in rows), rows
+  found = re.search(r"ours \(10 env steps per iteration, 120 iterations, compile [\d.]+ s\): "
+                    r"wall ([\d.]+) us untraced .*? device busy ([\d.]+) us .*?, ([\d.]+) "
+                    r"kernels;", text)
+  assert found, text[-900:]
   wall, busy, kernels = map(float, found.groups())
   # 120 iterations, each at least an env step and an epsilon-greedy forward pass.
   assert wall > 0 and busy > 0 and kernels >= 5, found.groups()
   assert sum(per_iteration) <= busy * 1.001, (per_iteration, busy)
+  peer = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines()
+          if line.startswith("| PureJaxRL dqn.py | `")]
+  # Its product reads [10, 64] and [64, 64] and writes [10, 64] floats: 21,504 bytes, once in
+  # each of its 120 iterations.
+  assert any(row[2] == "1.00" and row[6] == "0.022" for row in peer), peer
+  assert "PureJaxRL dqn.py (10 env steps per iteration, 120 iterations" in text
+  assert re.search(r"device busy per iteration, ours / PureJaxRL: [\d.]+x", text), text[-400:]
 
 
 def test_compiler_option_sets_parse_into_bools_and_text():
@@ -588,6 +652,14 @@ def test_hlo_count_models_the_bytes_an_iteration_reads_and_writes_in_a_hand_coun
            + (4 + 1) + (4 + 1))
   assert (counts["bytes_per_iteration"], counts["bytes_per_iteration_min"]) == (
       fixed + 256, fixed + 128)
+  # Kernel by kernel, as a trace names them: loops and conditionals are not kernels, nor are
+  # the instructions inside a fusion (`g.` in the gather's body).
+  ops = hlo_count.op_bytes(_TRAFFIC_HLO)
+  assert hlo_count.module_name(_TRAFFIC_HLO) == "traffic"
+  assert (ops["b.sample"], ops["b.new"], ops["b.mixed"], ops["h.two"], ops["k.one"]) == (
+      128 + 32 + 128, 32 + 4 + 32, 16 + 64 + 4 + 1600 + 64 + 8, 128, 64 + 64)
+  assert not {"b.inner", "b.branch", "m.loop"} & set(ops)
+  assert not [op for op in ops if op.startswith("g.")], ops
 
 
 @pytest.mark.parametrize("num_seeds, unroll, conditionals", [(1, 1, 1), (2, 1, 0), (1, 2, 2)])
