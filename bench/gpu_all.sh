@@ -2,7 +2,7 @@
 # The GPU benches in one call, the most telling first, each within what is left of a deadline.
 #
 #   bash bench/gpu_all.sh                              # on the GPU, from the repository root
-#   OUT=/tmp/gpu TINY=1 DEADLINE=500 bash bench/gpu_all.sh   # the script itself, tiny, on a CPU
+#   OUT=/tmp/gpu TINY=1 WHEELS=0 bash bench/gpu_all.sh   # the script itself, tiny, on a CPU
 #
 # PUREJAXRL_DIR  a checkout of luchris429/purejaxrl at 31756b1 (default: .peer)
 # OUT            where the tables, logs and runs go (default: runs/gpu_all)
@@ -13,7 +13,8 @@
 #                bench, 4,000 traced), to check the script
 # PYTHON         the interpreter (default: python3)
 # .whl/          wheels installed first, where present (bench/gpu_wheels.sh fetches them), for a
-#                GPU host that cannot reach a package index
+#                GPU host that cannot reach a package index; WHEELS=0 leaves them (they are for
+#                the GPU host's Python 3.12: a tiny run on another Python skips them)
 #
 # In order: the fused loss against XLA's (one batch, then the run's programs); ours beside
 # PureJaxRL with the fused loss; Breakout-MinAtar with cuDNN's convolutions and with patch
@@ -30,7 +31,7 @@ DEADLINE=${DEADLINE:-560}
 CFG=launch/configs/cartpole_anakin_purejaxrl.cfg
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
-if ls .whl/*.whl > /dev/null 2>&1; then
+if [ "${WHEELS:-1}" != 0 ] && ls .whl/*.whl > /dev/null 2>&1; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/gpu_all_site .whl/*.whl || { echo "installing .whl/ failed"; exit 1; }
   export PYTHONPATH=/tmp/gpu_all_site${PYTHONPATH:+:$PYTHONPATH}
