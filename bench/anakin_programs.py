@@ -8,8 +8,9 @@ XLA compiler options of that program's compile alone (init compiles once,
 with XLA's defaults, and every run includes it). `timed_rounds` calls them
 in turn; bench/warmup_loops.py and bench/compiler_options.py time them.
 `parse_options` reads compiler options as bench/compiler_options.py takes
-them. Each program's module is named for what it is (`init`, `chunk_warmup_<n>`),
-so that a profiler's trace tells their kernels apart (bench/kernel_times.py).
+them. Each program's module is named for what it is (`init`, `chunk_warmup_<n>`, or
+`chunk_conditional` where a conditional decides each iteration's learning), so that a
+profiler's trace tells their kernels apart (bench/kernel_times.py).
 """
 
 import time
@@ -67,7 +68,8 @@ def programs(experiment, config, num_seeds: int, variants=None):
     warmups = plan.chunk_warmups(trainer, loops)
     compiled, start = {}, time.perf_counter()
     for warmup in dict.fromkeys(warmups):
-      chunk = named(plan.chunk_fn(trainer, warmup, batched, apart), f"chunk_warmup_{warmup}")
+      chunk = named(plan.chunk_fn(trainer, warmup, batched, apart),
+                    "chunk_conditional" if warmup is None else f"chunk_warmup_{warmup}")
       compiled[warmup] = jax.jit(chunk, donate_argnums=0).lower(state_shape, np.int32(0)).compile(
                                      compiler_options=options or None)
     compile_s = time.perf_counter() - start

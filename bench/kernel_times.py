@@ -22,19 +22,18 @@ one that its bytes do not explain. Tracing adds its own cost per kernel
 to compare; on the CPU, thunks run on more than one thread and busy time
 can exceed it.
 
-With `--purejaxrl_dir` (CartPole-v1 only) PureJaxRL's dqn.py (its `main()`
+With `--purejaxrl_dir` (CartPole-v1 and 10 envs only) PureJaxRL's dqn.py (its `main()`
 config, learning from the run's `--min_replay_size`, as many env steps and
 seeds) is traced the same way, after ours, and its rows follow ours.
 """
 
-import collections
 import glob
 import os
 import shutil
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Sequence, Tuple
 
 from absl import app
 from absl import flags
@@ -46,8 +45,8 @@ from launch import flags as launch_flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # For `bench`.
 from bench import anakin_programs  # pylint: disable=wrong-import-position
 from bench import harness  # pylint: disable=wrong-import-position
-from bench import hlo_count  # pylint: disable=wrong-import-position
 from bench import purejaxrl_peer  # pylint: disable=wrong-import-position
+from bench import trace_ops  # pylint: disable=wrong-import-position
 
 launch_flags.define_flags()
 flags.DEFINE_integer("top", 20, "HLO ops to list, by device time.")
@@ -59,89 +58,13 @@ FLAGS = flags.FLAGS
 PEER_ENV = "gymnax:CartPole-v1"
 
 
-# Lines of a GPU plane that the profiler derives from the streams' kernels (they overlap them).
-DERIVED_LINES = ("XLA Modules", "XLA Ops", "XLA TraceMe", "Steps", "Framework Name Scope",
-                 "Framework Ops", "TensorFlow Name Scope", "TensorFlow Ops", "Source code",
-                 "Launch Stats")
-CONTROL_FLOW = ("while", "cond", "conditional", "call")  # CPU thunks that hold other thunks.
-
-
-class Kernel(NamedTuple):
-  """One kernel the device ran: its program's module, its HLO op, its own name, its seconds."""
-  module: str
-  op: str
-  name: str
-  seconds: float
-
-
-def kernel_events(profile) -> Tuple[List[Kernel], List[str]]:
-  """([every kernel the device ran], [the trace lines read]): a GPU's stream events, or on the
-  CPU the thunks that name an HLO op, less those of loops, conditionals and calls, whose time
-  is their inner thunks' (other host events are Python's and the runtime's)."""
-  out, read = [], set()
-  for plane in profile.planes:
-    on_gpu = plane.name.startswith("/device:GPU")
-    if not on_gpu and plane.name != "/host:CPU":
-      continue
-    for line in plane.lines:
-      if on_gpu and line.name in DERIVED_LINES:
-        continue
-      for event in line.events:
-        stats = dict(event.stats)
-        op = str(stats.get("hlo_op", event.name))
-        if on_gpu or ("hlo_op" in stats and op.split(".")[0] not in CONTROL_FLOW):
-          out.append(Kernel(str(stats.get("hlo_module", "")), op, event.name,
-                            event.duration_ns * 1e-9))
-          read.add(f"{plane.name} {line.name}")
-  return out, sorted(read)
-
-
-def modelled_bytes(texts: Sequence[str]) -> Callable[[str, str], Optional[int]]:
-  """`bytes_of(module, op)`: what bench/hlo_count.py models one run of the op to read and write,
-  from the optimized HLO `texts` of the traced programs; an op the trace names without its
-  module is looked up in every module, and None where it is in none or in two with different
-  bytes."""
-  by_module: Dict[str, Dict[str, int]] = collections.defaultdict(dict)
-  for text in texts:
-    by_module[hlo_count.module_name(text)].update(hlo_count.op_bytes(text))
-
-  def bytes_of(module: str, op: str) -> Optional[int]:
-    if op in by_module.get(module, {}):
-      return by_module[module][op]
-    found = {ops[op] for ops in by_module.values() if op in ops}
-    return found.pop() if len(found) == 1 else None
-
-  return bytes_of
-
-
-class OpTime(NamedTuple):
-  """An HLO op's kernels in a trace, per training iteration."""
-  module: str
-  op: str
-  runs: float  # Runs of the op per iteration (an op that launches several kernels runs once).
-  kernels: float  # Its kernels per iteration.
-  us: float  # Its kernels' microseconds per iteration.
-  bytes: Optional[int]  # Modelled bytes of one run.
-
-
-def op_times(events: Sequence[Kernel], iterations: int, bytes_of) -> List[OpTime]:
-  """The trace's kernels grouped by HLO op, the op with the most time first."""
-  grouped = collections.defaultdict(list)
-  for kernel in events:
-    grouped[(kernel.module, kernel.op)].append(kernel)
-  out = []
-  for (module, op), kernels in grouped.items():
-    runs = max(collections.Counter(k.name for k in kernels).values())
-    out.append(OpTime(module, op, runs / iterations, len(kernels) / iterations,
-                      1e6 * sum(k.seconds for k in kernels) / iterations, bytes_of(module, op)))
-  return sorted(out, key=lambda t: -t.us)
-
-
 class Traced(NamedTuple):
-  """A program's timings: wall seconds untraced and traced, its kernels and the lines read."""
+  """A program's timings: wall seconds untraced and traced, its kernels, its ops' runs (a GPU's)
+  and the trace lines read."""
   wall: float
   traced_wall: float
-  events: List[Kernel]
+  events: List[trace_ops.Kernel]
+  op_runs: Dict[Tuple[str, str], int]
   lines: List[str]
 
 
@@ -158,13 +81,13 @@ def traced(run) -> Traced:
     run()
   traced_wall = time.perf_counter() - start
   paths = sorted(glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True))
-  events, lines = (kernel_events(jax.profiler.ProfileData.from_file(paths[-1])) if paths
-                   else ([], []))
+  events, op_runs, lines = (trace_ops.kernel_events(jax.profiler.ProfileData.from_file(paths[-1]))
+                            if paths else ([], {}, []))
   shutil.rmtree(directory, ignore_errors=True)
   if not events:
     sys.exit(f"error: the profiler's trace of the run holds no kernel events (trace files: "
              f"{len(paths)}); this JAX's profiler may not trace the {jax.default_backend()}.")
-  return Traced(wall, traced_wall, events, lines)
+  return Traced(wall, traced_wall, events, op_runs, lines)
 
 
 def peer_program(checkout: str, num_seeds: int, env_steps: int, min_replay_size: int):
@@ -182,19 +105,21 @@ def peer_program(checkout: str, num_seeds: int, env_steps: int, min_replay_size:
 
 
 def summary_line(label: str, timed: Traced, iterations: int, env_steps: int,
-                 ops: Sequence[OpTime]) -> str:
+                 ops: Sequence[trace_ops.OpTime]) -> str:
   """Per iteration: the walls, the busy time, the kernels and the modelled traffic's rate."""
   per = lambda seconds: 1e6 * seconds / iterations  # Microseconds per iteration.
   busy = sum(k.seconds for k in timed.events)
   known = [t for t in ops if t.bytes is not None]
   megabytes = sum(t.runs * t.bytes for t in known) / 1e6
   known_us = sum(t.us for t in known)
+  unknown = 1 - known_us / max(sum(t.us for t in ops), 1e-9)
   return (f"{label}: wall {per(timed.wall):.1f} us untraced ({env_steps / timed.wall:,.0f} env "
           f"steps/s), {per(timed.traced_wall):.1f} us traced; device busy {per(busy):.1f} us "
           f"({busy / timed.wall:.0%} of the untraced wall), "
           f"{len(timed.events) / iterations:.1f} kernels; modelled {megabytes:,.3f} MB in the "
           f"{known_us:.1f} us of the kernels whose bytes are modelled "
-          f"({1e3 * megabytes / max(known_us, 1e-9):,.1f} GB/s)")
+          f"({1e3 * megabytes / max(known_us, 1e-9):,.1f} GB/s; {unknown:.1%} of the busy "
+          "time is in ops without modelled bytes)")
 
 
 def main(argv):
@@ -205,6 +130,11 @@ def main(argv):
   if FLAGS.purejaxrl_dir and experiment.env != PEER_ENV:
     harness.bad_input(f"--purejaxrl_dir with --env={experiment.env}: PureJaxRL's dqn.py is "
                       f"traced on {PEER_ENV} only; drop --purejaxrl_dir or pass --env={PEER_ENV}.")
+  peer_envs = purejaxrl_peer.main_config(0)["NUM_ENVS"]
+  if FLAGS.purejaxrl_dir and config.num_envs != peer_envs:
+    harness.bad_input(f"--purejaxrl_dir with --num_envs={config.num_envs}: PureJaxRL's dqn.py "
+                      f"steps {peer_envs} envs an iteration; pass --num_envs={peer_envs} so that "
+                      "their iterations compare, or drop --purejaxrl_dir.")
   if FLAGS.purejaxrl_dir:
     purejaxrl_peer.load(FLAGS.purejaxrl_dir)  # A missing checkout stops the bench before compiling.
   num_seeds = experiment.num_seeds
@@ -217,22 +147,23 @@ def main(argv):
   if FLAGS.purejaxrl_dir:
     compile_s, run, texts = peer_program(FLAGS.purejaxrl_dir, num_seeds, plan.env_steps,
                                          config.min_replay_size)
-    steps = purejaxrl_peer.main_config(plan.env_steps)["NUM_ENVS"]
-    timed["PureJaxRL dqn.py"] = (compile_s, traced(run), texts, plan.env_steps // steps, steps)
+    timed["PureJaxRL dqn.py"] = (compile_s, traced(run), texts, plan.env_steps // peer_envs,
+                                 peer_envs)
   table = harness.PrintedTable(
       ["program", "HLO op", "runs per iteration", "us per run", "us per iteration",
        "share of busy time", "modelled MB per run", "GB/s (modelled bytes / time)"],
       summary=harness.jax_here())
   lines, busy_us = [], {}
   for label, (compile_s, result, texts, iterations, steps) in timed.items():
-    ops = op_times(result.events, iterations, modelled_bytes(texts))
+    ops = trace_ops.op_times(result.events, iterations, trace_ops.modelled_bytes(texts),
+                             result.op_runs)
     busy = sum(t.us for t in ops)
     busy_us[label] = busy
     for t in ops[:FLAGS.top]:
       rate = (f"{t.runs * t.bytes / t.us / 1e3:,.1f}" if t.bytes is not None and t.us > 0
               else "?")
       size = f"{t.bytes / 1e6:,.3f}" if t.bytes is not None else "?"
-      table.add(f"| {label} | `{t.op}` | {t.runs:.2f} | {t.us / t.runs:.2f} | {t.us:.2f} | "
+      table.add(f"| {label} | `{t.op}` | {t.runs:.3g} | {t.us / t.runs:.2f} | {t.us:.2f} | "
                 f"{t.us / busy:.1%} | {size} | {rate} |")
     lines.append(summary_line(f"{label} ({steps} env steps per iteration, {iterations:,} "
                               f"iterations, compile {compile_s:.1f} s)", result, iterations,
@@ -247,7 +178,7 @@ def main(argv):
       f"one device, {plan.num_chunks} chunk(s) of {plan.iterations_per_chunk:,} iterations, "
       f"{plan.env_steps:,} env steps per seed)"
       + (" and of PureJaxRL's dqn.py (main() config, learning after "
-         f"{config.min_replay_size:,} env steps, the same seeds and env steps)"
+         f"{config.min_replay_size:,} env steps, as many seeds and env steps)"
          if FLAGS.purejaxrl_dir else "")
       + ", each against its own kernels. Per iteration: " + "; ".join(lines) + ". The table: "
       f"each program's {FLAGS.top} HLO ops with the most device time (on the CPU, XLA's "

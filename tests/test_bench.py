@@ -340,7 +340,10 @@ def test_the_kernel_times_bench_reads_the_runs_own_kernels_from_a_trace(tmp_path
   per_iteration = [float(row[4]) for row in rows]
   assert per_iteration == sorted(per_iteration, reverse=True) and per_iteration[-1] > 0, rows
   assert sum(float(row[5].rstrip("%")) for row in rows) <= 100.0, rows
-  assert all(float(row[6]) >= 0 and row[7] != "?" for row in rows), rows
+  for row in rows:  # The rate: runs x modelled bytes over the op's time.
+    runs, us, megabytes, rate = float(row[2]), float(row[4]), float(row[6]), float(row[7])
+    assert megabytes > 0 and rate == pytest.approx(1e3 * runs * megabytes / us, rel=0.05,
+                                                   abs=0.11), row
   found = re.search(r"ours \(10 env steps per iteration, 120 iterations, compile [\d.]+ s\): "
                     r"wall ([\d.]+) us untraced .*? device busy ([\d.]+) us .*?, ([\d.]+) "
                     r"kernels;", text)
@@ -353,9 +356,35 @@ def test_the_kernel_times_bench_reads_the_runs_own_kernels_from_a_trace(tmp_path
           if line.startswith("| PureJaxRL dqn.py | `")]
   # Its product reads [10, 64] and [64, 64] and writes [10, 64] floats: 21,504 bytes, once in
   # each of its 120 iterations.
-  assert any(row[2] == "1.00" and row[6] == "0.022" for row in peer), peer
+  assert any(float(row[2]) == 1 and row[6] == "0.022" for row in peer), peer
   assert "PureJaxRL dqn.py (10 env steps per iteration, 120 iterations" in text
   assert re.search(r"device busy per iteration, ours / PureJaxRL: [\d.]+x", text), text[-400:]
+
+
+def test_kernel_times_finds_an_op_in_its_own_module_and_counts_its_runs():
+  """Two programs with an op of the same name: each trace op takes its own module's bytes (by
+  op alone only where one module has it). An op's runs are the trace's line of ops where it
+  has one, else the kernel it launches most often."""
+  from bench import trace_ops  # pylint: disable=import-outside-toplevel
+  module = lambda name, shape: (f"HloModule {name}\n\nENTRY %main (x: {shape}) -> {shape} {{\n"
+                                f"  %x = {shape} parameter(0)\n"
+                                f"  ROOT %copy.1 = {shape} copy(%x)\n}}\n")
+  bytes_of = trace_ops.modelled_bytes([module("small", "f32[4]{0}"),
+                                          module("big", "f32[64]{0}")])
+  assert (bytes_of("small", "copy.1"), bytes_of("big", "copy.1")) == (32, 512)
+  assert bytes_of("", "copy.1") is None and bytes_of("other", "copy.2") is None
+  assert trace_ops.modelled_bytes([module("small", "f32[4]{0}")])("", "copy.1") == 32
+  Kernel = trace_ops.Kernel
+  events = [Kernel("big", "copy.1", "copy_kernel", 2e-6)] * 4 + [
+      Kernel("big", "sort.3", "pass_a", 1e-6), Kernel("big", "sort.3", "pass_a", 1e-6),
+      Kernel("big", "sort.3", "pass_b", 1e-6)]
+  # Over 2 iterations: copy.1 ran 4 times; sort.3 ran once, launching pass_a twice.
+  times = {t.op: t for t in trace_ops.op_times(events, 2, bytes_of)}
+  assert (times["copy.1"].runs, times["copy.1"].us, times["copy.1"].bytes) == (2, 4.0, 512)
+  assert (times["sort.3"].runs, times["sort.3"].kernels) == (1, 1.5)  # Counted by pass_a.
+  times = {t.op: t for t in trace_ops.op_times(events, 2, bytes_of, {("", "sort.3"): 1})}
+  assert (times["sort.3"].runs, times["copy.1"].runs) == (0.5, 2)
+  assert [t.op for t in trace_ops.op_times(events, 2, bytes_of)] == ["copy.1", "sort.3"]
 
 
 def test_compiler_option_sets_parse_into_bools_and_text():
@@ -416,6 +445,12 @@ def test_the_compile_time_bench_times_three_schedules_of_the_run_dqn_build(tmp_p
     ("fused_loss", ["--dueling"], "--fused_loss=True: its kernel computes Q-learning"),
     ("fused_loss", ["--env=gymnax:Breakout-MinAtar"], "take a conv torso under --torso=auto"),
     ("kernel_times", ["--top=0"], "--top=0: give a whole number of 1 or more."),
+    ("kernel_times", ["--purejaxrl_dir=/nonexistent"],
+     "--purejaxrl_dir='/nonexistent': no purejaxrl/dqn.py there"),
+    ("kernel_times", ["--purejaxrl_dir=/tmp", "--env=gymnax:Breakout-MinAtar"],
+     "PureJaxRL's dqn.py is traced on gymnax:CartPole-v1 only"),
+    ("kernel_times", ["--purejaxrl_dir=/tmp", "--num_envs=4"],
+     "--purejaxrl_dir with --num_envs=4: PureJaxRL's dqn.py steps 10 envs an iteration"),
 ])
 def test_bad_anakin_bench_input_is_one_line_and_exit_code_2(bench, args, expected):
   result = subprocess.run(
