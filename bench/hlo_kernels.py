@@ -84,7 +84,7 @@ flags.DEFINE_enum("acting_apart", "auto", ["auto", "yes", "no"], "Whether the lo
                   "agents.dqn.seed_layout.acting_apart).")
 flags.DEFINE_string("out", None, "Markdown table to write ('' : none; default "
                     "bench/results/hlo_kernels.md on the CPU, else hlo_kernels_<target or "
-                    "backend>.md).")
+                    "backend>.md, with _<n>_seeds before .md for --num_seeds=n above 1).")
 FLAGS = flags.FLAGS
 GPU_TARGETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_targets")
 
@@ -271,7 +271,8 @@ def main(argv):
   out = FLAGS.out
   if out is None:
     name = target if target != "local" else platform
-    out = "bench/results/hlo_kernels" + ("" if name == "cpu" else f"_{name}") + ".md"
+    seeds = f"_{FLAGS.num_seeds}_seeds" if FLAGS.num_seeds > 1 else ""  # Not the 1-seed table.
+    out = "bench/results/hlo_kernels" + ("" if name == "cpu" else f"_{name}") + seeds + ".md"
   if out:
     harness.write_table(out, harness.command_line(), header, rows, notes=notes,
                         summary=harness.jax_here())
