@@ -162,7 +162,7 @@ def main(argv):
     for t in ops[:FLAGS.top]:
       rate = (f"{t.runs * t.bytes / t.us / 1e3:,.1f}" if t.bytes is not None and t.us > 0
               else "?")
-      size = f"{t.bytes / 1e6:,.3f}" if t.bytes is not None else "?"
+      size = f"{t.bytes / 1e6:.4g}" if t.bytes is not None else "?"  # Small ops too.
       table.add(f"| {label} | `{t.op}` | {t.runs:.3g} | {t.us / t.runs:.2f} | {t.us:.2f} | "
                 f"{t.us / busy:.1%} | {size} | {rate} |")
     lines.append(summary_line(f"{label} ({steps} env steps per iteration, {iterations:,} "
