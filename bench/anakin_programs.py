@@ -13,6 +13,7 @@ them. Each program's module is named for what it is (`init`, `chunk_warmup_<n>`,
 profiler's trace tells their kernels apart (bench/kernel_times.py).
 """
 
+import functools
 import time
 from typing import Callable, Dict, List, NamedTuple, Tuple, Union
 
@@ -41,7 +42,9 @@ class Program(NamedTuple):
 
 
 def named(fn, name: str):
-  """`fn` under another name, which `jax.jit` gives the program's module."""
+  """`fn` under another name, which `jax.jit` gives the program's module (its signature kept,
+  so the program's parameters keep their names too)."""
+  @functools.wraps(fn)
   def renamed(*args):
     return fn(*args)
   renamed.__name__ = renamed.__qualname__ = name

@@ -370,7 +370,7 @@ def test_kernel_times_finds_an_op_in_its_own_module_and_counts_its_runs():
                                 f"  %x = {shape} parameter(0)\n"
                                 f"  ROOT %copy.1 = {shape} copy(%x)\n}}\n")
   bytes_of = trace_ops.modelled_bytes([module("small", "f32[4]{0}"),
-                                          module("big", "f32[64]{0}")])
+                                       module("big", "f32[64]{0}")])
   assert (bytes_of("small", "copy.1"), bytes_of("big", "copy.1")) == (32, 512)
   assert bytes_of("", "copy.1") is None and bytes_of("other", "copy.2") is None
   assert trace_ops.modelled_bytes([module("small", "f32[4]{0}")])("", "copy.1") == 32
