@@ -63,12 +63,8 @@ def build_s(experiment, config, workers: int):
 
 def theirs_s(total_steps: int, num_seeds: int) -> float:
   """Seconds to lower and compile PureJaxRL's dqn.py train for `num_seeds` keys."""
-  train = jax.jit(purejaxrl_peer.make_train(purejaxrl_peer.load(FLAGS.purejaxrl_dir),
-                                            purejaxrl_peer.main_config(total_steps)))
-  keys = jax.random.split(jax.random.PRNGKey(0), num_seeds)
-  start = time.perf_counter()
-  train.lower(keys).compile()
-  return time.perf_counter() - start
+  return purejaxrl_peer.compile_train(FLAGS.purejaxrl_dir, num_seeds,
+                                      purejaxrl_peer.main_config(total_steps))[0]
 
 
 def main(argv):

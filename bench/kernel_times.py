@@ -95,12 +95,7 @@ def peer_program(checkout: str, num_seeds: int, env_steps: int, min_replay_size:
   `env_steps` env steps each, learning from `min_replay_size` env steps."""
   config = purejaxrl_peer.main_config(env_steps)
   config["LEARNING_STARTS"] = min_replay_size
-  train = jax.jit(anakin_programs.named(
-      purejaxrl_peer.make_train(purejaxrl_peer.load(checkout), config), "purejaxrl_train"))
-  keys = jax.random.split(jax.random.PRNGKey(0), num_seeds)
-  start = time.perf_counter()
-  compiled = train.lower(keys).compile()
-  compile_s = time.perf_counter() - start
+  compile_s, compiled, keys = purejaxrl_peer.compile_train(checkout, num_seeds, config)
   return compile_s, lambda: jax.block_until_ready(compiled(keys)), [compiled.as_text()]
 
 

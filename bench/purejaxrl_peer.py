@@ -10,8 +10,9 @@ stand-in module; and `jax.tree_map` (gone from jax 0.6 on) is `jax.tree.map`.
 
 import os
 import sys
+import time
 import types
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Tuple
 
 import jax
 
@@ -69,15 +70,21 @@ def make_train(module: types.ModuleType, config: Dict[str, Any]) -> Callable:
   return jax.vmap(module.make_train(config))
 
 
-def time_run(checkout: str, num_seeds: int, total_steps: int,
-             env_name: str = "CartPole-v1") -> Dict[str, float]:
-  """Compiles then runs the script's program once: compile s, run s, env steps/s (all seeds)."""
-  import time  # pylint: disable=import-outside-toplevel
-  train = jax.jit(make_train(load(checkout), main_config(total_steps, env_name)))
+def compile_train(checkout: str, num_seeds: int, config: Dict[str, Any]) -> Tuple[float, Any, Any]:
+  """(seconds to lower and compile, the compiled program, its keys): the script's program
+  with `config` for `num_seeds` keys split from PRNGKey(0); `compiled(keys)` runs it."""
+  train = jax.jit(make_train(load(checkout), config))
   keys = jax.random.split(jax.random.PRNGKey(0), num_seeds)
   start = time.perf_counter()
   compiled = train.lower(keys).compile()
-  compile_s = time.perf_counter() - start
+  return time.perf_counter() - start, compiled, keys
+
+
+def time_run(checkout: str, num_seeds: int, total_steps: int,
+             env_name: str = "CartPole-v1") -> Dict[str, float]:
+  """Compiles then runs the script's program once: compile s, run s, env steps/s (all seeds)."""
+  compile_s, compiled, keys = compile_train(checkout, num_seeds,
+                                            main_config(total_steps, env_name))
   start = time.perf_counter()
   jax.block_until_ready(compiled(keys))
   run_s = time.perf_counter() - start

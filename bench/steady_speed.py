@@ -99,12 +99,8 @@ def ours_program(experiment, config):
 
 def theirs_program(total_steps: int, num_seeds: int):
   """(compile s, run(): their whole compiled program, env steps per seed)."""
-  train = jax.jit(purejaxrl_peer.make_train(purejaxrl_peer.load(FLAGS.purejaxrl_dir),
-                                            purejaxrl_peer.main_config(total_steps)))
-  keys = jax.random.split(jax.random.PRNGKey(0), num_seeds)
-  start = time.perf_counter()
-  compiled = train.lower(keys).compile()
-  compile_s = time.perf_counter() - start
+  compile_s, compiled, keys = purejaxrl_peer.compile_train(
+      FLAGS.purejaxrl_dir, num_seeds, purejaxrl_peer.main_config(total_steps))
   return compile_s, lambda: jax.block_until_ready(compiled(keys)), total_steps
 
 
