@@ -19,7 +19,6 @@ from typing import Any, Callable, Dict, NamedTuple, Optional
 
 import chex
 import jax
-from jax import flatten_util
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -27,6 +26,7 @@ import optax
 from acme_jax_dqn import learning
 from acme_jax_dqn import replay as replay_lib
 from acme_jax_dqn import seeding
+from acme_jax_dqn.anakin_loops import carry_scan, summed_scan, zeros_of_output
 from acme_jax_dqn.actors import PolicyFn
 from acme_jax_dqn.envs.gymnax_adapter import GymnaxEnv
 from acme_jax_dqn.networks import Networks
@@ -99,7 +99,7 @@ class Anakin(NamedTuple):
     init: key -> AnakinState (params, empty replay, reset environments,
       and `fill_steps` env steps that fill the n-step window).
     train_chunk: (state, first_iteration, num_iterations, warmup=None, unroll=1,
-      acting_apart=False) ->
+      acting_apart=False, packed_carry=True) ->
       (state, metrics); each iteration is `env_steps_per_iteration` env
       steps, then, once replay holds `min_replay_size` transitions,
       `learner_calls_per_iteration` learner steps. `first_iteration` counts
@@ -113,6 +113,9 @@ class Anakin(NamedTuple):
       parameters, and their chunk metrics agree to float rounding.
       `unroll` (static): iterations per step of those loops (`lax.scan`'s
       unroll); the same computation in fewer, larger loop steps.
+      `packed_carry` (static, default True): the loops carry the
+      environments, counters and keys in one word vector
+      (`anakin_loops.carry_scan`); the same computation in fewer kernels.
       `acting_apart` (static): in the loop that learns, the acting forward
       reads the online parameters through an optimization barrier, so that
       XLA's GPU compiler does not merge it with the learner's forward on the
@@ -216,11 +219,11 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
 
   inserts_per_iteration = env_steps_per_iteration * E
 
-  def act_iteration(state: AnakinState, _, acting_apart: bool = False):
+  def act_iteration(state: AnakinState, _, acting_apart: bool = False, packed: bool = True):
     store = functools.partial(step_and_store, acting_apart=acting_apart)
     if env_steps_per_iteration == 1:
       return store(state, None)
-    state, stats = jax.lax.scan(store, state, None, length=env_steps_per_iteration)
+    state, stats = carry_scan(store, state, None, env_steps_per_iteration, packed=packed)
     return state, jax.tree.map(jnp.sum, stats)
 
   def iteration(state: AnakinState, index: chex.Array):
@@ -233,16 +236,18 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
     state, metrics = jax.lax.cond(learning_now, learn, skip_learning, state)
     return state, (stats, metrics, learning_now.astype(jnp.float32))
 
-  def learn_iteration(state: AnakinState, _, acting_apart: bool = False):
-    state, stats = act_iteration(state, None, acting_apart)
+  def learn_iteration(state: AnakinState, _, acting_apart: bool = False, packed: bool = True):
+    state, stats = act_iteration(state, None, acting_apart, packed)
     state, metrics = learn(state)
     return state, (stats, metrics)
 
   def train_chunk(state: AnakinState, first_iteration: chex.Array, num_iterations: int,
-                  warmup: Optional[int] = None, unroll: int = 1, acting_apart: bool = False):
+                  warmup: Optional[int] = None, unroll: int = 1, acting_apart: bool = False,
+                  packed_carry: bool = True):
     if warmup is None:
       indices = first_iteration + jnp.arange(num_iterations, dtype=jnp.int32)
-      state, (stats, metrics, learned) = jax.lax.scan(iteration, state, indices, unroll=unroll)
+      state, (stats, metrics, learned) = carry_scan(iteration, state, indices, unroll=unroll,
+                                                    packed=packed_carry)
       sums = jax.tree.map(lambda m: jnp.sum(m * learned), metrics)
       return state, chunk_metrics(state, jax.tree.map(jnp.sum, stats), sums,
                                   jnp.sum(learned), epsilon_fn)
@@ -251,14 +256,16 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
     # stacked output is one more write kernel per metric in every iteration.
     if not 0 <= warmup <= num_iterations:
       raise ValueError(f"warmup={warmup}: between 0 and num_iterations={num_iterations}.")
+    acting = functools.partial(act_iteration, packed=packed_carry)
     if warmup:
-      state, stats = summed_scan(act_iteration, state, warmup, unroll)
+      state, stats = summed_scan(acting, state, warmup, unroll, packed_carry)
     else:
       stats = zeros_of_output(act_iteration, state)
     learning = num_iterations - warmup
     if learning:
       state, (learn_stats, sums) = summed_scan(
-          functools.partial(learn_iteration, acting_apart=acting_apart), state, learning, unroll)
+          functools.partial(learn_iteration, acting_apart=acting_apart, packed=packed_carry),
+          state, learning, unroll, packed_carry)
       stats = jax.tree.map(jnp.add, stats, learn_stats)
     else:
       sums = skip_learning(state)[1]  # Zeros: the row's metrics read NaN.
@@ -270,29 +277,6 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
                 env_steps_per_iteration=env_steps_per_iteration,
                 learner_calls_per_iteration=learner_calls_per_iteration,
                 warmup_iterations=max(0, -(-min_replay_size // inserts_per_iteration) - 1))
-
-
-def zeros_of_output(body, state):
-  """Zeros shaped as `body(state, None)`'s second output."""
-  shapes = jax.eval_shape(lambda s: body(s, None)[1], state)
-  return jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), shapes)
-
-
-def summed_scan(body, state, length: int, unroll: int = 1):
-  """`length` calls of `body(state, None) -> (state, out)` in one loop (`unroll` calls per loop
-  step); returns the state and the outputs summed in the loop's carry, as one float32
-  vector (one add per call, not a write per leaf per call as stacked outputs would be).
-  The sums come back as float32 leaves of the outputs' shapes (integer counts stay exact
-  up to 2**24)."""
-  as_float = lambda tree: jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)
-  zeros, unravel = flatten_util.ravel_pytree(as_float(zeros_of_output(body, state)))
-
-  def step(carry, _):
-    state, total = carry
-    state, out = body(state, None)
-    return (state, total + flatten_util.ravel_pytree(as_float(out))[0]), None
-  (state, total), _ = jax.lax.scan(step, (state, zeros), None, length=length, unroll=unroll)
-  return state, unravel(total)
 
 
 def chunk_warmup(anakin: Anakin, first_iteration: int, num_iterations: int) -> int:

@@ -8,6 +8,7 @@ replay: every iteration steps `num_envs` copies `rollout_len` times
 iteration, so no iteration needs a cond.
 """
 
+import functools
 from typing import Any, Callable, NamedTuple, Optional
 
 import chex
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 import optax
 
 from acme_jax_dqn import anakin
+from acme_jax_dqn import anakin_loops
 from acme_jax_dqn import learning
 from acme_jax_dqn import pqn
 from acme_jax_dqn.actors import PolicyFn
@@ -73,16 +75,20 @@ def make_pqn_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.Gradien
     learner_state, _, metrics = rollout_update(state.learner, rollout)
     return state._replace(learner=learner_state), metrics
 
-  def iteration(state: PQNState, _):
-    state, (rollout, stats) = jax.lax.scan(collect, state, None, length=rollout_len)
+  def iteration(state: PQNState, _, packed: bool = True):
+    state, (rollout, stats) = anakin_loops.carry_scan(collect, state, None, rollout_len,
+                                                      packed=packed)
     state, metrics = learn(state, rollout)
     return state, (jax.tree.map(jnp.sum, stats), metrics)
 
   def train_chunk(state: PQNState, first_iteration: chex.Array, num_iterations: int,
-                  warmup: Optional[int] = None, unroll: int = 1, acting_apart: bool = False):
+                  warmup: Optional[int] = None, unroll: int = 1, acting_apart: bool = False,
+                  packed_carry: bool = True):
     # Every iteration learns, from a rollout that acts in a scan of its own before the update.
     del first_iteration, warmup, acting_apart
-    state, (stats, sums) = anakin.summed_scan(iteration, state, num_iterations, unroll)
+    state, (stats, sums) = anakin_loops.summed_scan(
+        functools.partial(iteration, packed=packed_carry), state, num_iterations, unroll,
+        packed_carry)
     return state, anakin.chunk_metrics(state, stats, sums, jnp.float32(num_iterations),
                                        epsilon_fn)
 

@@ -1,7 +1,7 @@
 """Pytrees across jit boundaries: packed into one array per dtype, copied, metrics stacked;
-the global norm of a tree in one reduction."""
+a loop's small carried leaves in one word vector; the global norm of a tree in one reduction."""
 
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -65,3 +65,98 @@ def global_norm(tree: Any) -> jax.Array:
   """
   return jnp.sqrt(jnp.sum(jnp.square(jnp.concatenate(
       [jnp.ravel(leaf) for leaf in jax.tree.leaves(tree)]))))
+
+
+def _word_dtype(dtype: Any) -> Optional[np.dtype]:
+  """The unsigned integer type of `dtype`'s width (None where it has no plain bits: keys)."""
+  if jnp.issubdtype(dtype, jax.dtypes.extended):
+    return None
+  return {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32),
+          8: np.dtype(np.uint64)}.get(np.dtype(dtype).itemsize)
+
+
+def _to_words(x: jax.Array) -> jax.Array:
+  """A leaf's bits as a uint32 vector: one word per element of 32 bits or fewer, two above."""
+  x = jnp.ravel(x)
+  if x.dtype == jnp.bool_:
+    return x.astype(jnp.uint32)
+  bits = jax.lax.bitcast_convert_type(x, _word_dtype(x.dtype))
+  if bits.dtype.itemsize == 8:
+    return jnp.ravel(jax.lax.bitcast_convert_type(bits, jnp.uint32))
+  return bits.astype(jnp.uint32)
+
+
+def _from_words(words: jax.Array, shape: Tuple[int, ...], dtype: np.dtype) -> jax.Array:
+  if dtype == np.bool_:
+    return (words != 0).reshape(shape)
+  unsigned = _word_dtype(dtype)
+  if unsigned.itemsize == 8:
+    bits = jax.lax.bitcast_convert_type(words.reshape(-1, 2), unsigned)
+  else:
+    bits = words.astype(unsigned)
+  return jax.lax.bitcast_convert_type(bits, dtype).reshape(shape)
+
+
+class WordPacker:
+  """The leaves of a pytree that `chosen(path, leaf)` picks, bit for bit in one uint32 vector.
+
+  `split(tree)` gives (that vector, the other leaves); `join` puts them
+  back. Leaves of extended dtypes (typed PRNG keys) are never picked.
+  Jittable and exact: a leaf's bits go in and come out unchanged (NaN
+  payloads and -0.0 included), so a loop may carry the vector in place of
+  the leaves and compute the same values.
+  """
+
+  def __init__(self, example: Any, chosen: Callable[[Tuple[Any, ...], Any], bool]):
+    flat, self._treedef = jax.tree_util.tree_flatten_with_path(example)
+    self._picked = [_word_dtype(x.dtype) is not None and bool(chosen(path, x))
+                    for path, x in flat]
+    self._slots: List[Tuple[int, int, Tuple[int, ...], np.dtype]] = []  # (start, words, ...)
+    start = 0
+    for (_, x), picked in zip(flat, self._picked):
+      if picked:
+        size = int(np.prod(x.shape)) * (2 if np.dtype(x.dtype).itemsize == 8 else 1)
+        self._slots.append((start, size, tuple(x.shape), np.dtype(x.dtype)))
+        start += size
+    self.num_words = start
+
+  def split(self, tree: Any) -> Tuple[jax.Array, List[Any]]:
+    leaves = self._treedef.flatten_up_to(tree)
+    picked = [_to_words(x) for x, p in zip(leaves, self._picked) if p]
+    words = jnp.concatenate(picked) if picked else jnp.zeros((0,), jnp.uint32)
+    return words, [x for x, p in zip(leaves, self._picked) if not p]
+
+  def join(self, words: jax.Array, rest: List[Any]) -> Any:
+    slots, others = iter(self._slots), iter(rest)
+    leaves = []
+    for picked in self._picked:
+      if picked:
+        start, size, shape, dtype = next(slots)
+        leaves.append(_from_words(words[start:start + size], shape, dtype))
+      else:
+        leaves.append(next(others))
+    return self._treedef.unflatten(leaves)
+
+
+def packed_carry_scan(body: Callable[[Any, Any], Tuple[Any, Any]], init: Any, xs: Any = None,
+                      length: Optional[int] = None, unroll: int = 1,
+                      chosen: Callable[[Tuple[Any, ...], Any], bool] = lambda path, x: True):
+  """`jax.lax.scan(body, init, xs, length, unroll=unroll)`, with the carry's leaves that
+  `chosen` picks carried as one uint32 vector (`WordPacker`); the same values.
+
+  XLA updates a loop's carried buffers in place. Where the old value of a
+  leaf is still read after its new value is written (an environment's
+  state, read again by the kernels that store the transition), XLA copies
+  it first: on a GPU one copy kernel per such leaf every iteration. Packed,
+  those leaves cost one copy in all, and a kernel per leaf becomes a slice
+  of the vector inside the kernels that read it.
+  """
+  packer = WordPacker(init, chosen)
+  if not packer.num_words:
+    return jax.lax.scan(body, init, xs, length=length, unroll=unroll)
+
+  def step(carry, x):
+    carry, y = body(packer.join(*carry), x)
+    return packer.split(carry), y
+  carry, ys = jax.lax.scan(step, packer.split(init), xs, length=length, unroll=unroll)
+  return packer.join(*carry), ys

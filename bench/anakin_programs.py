@@ -3,10 +3,10 @@
 `programs` compiles init and the chunk programs of the command's run flags
 for a block of seeds on one device (one seed unbatched, more vmapped, as
 `launch.run_dqn` lays out a device's block), once per variant: the chunk
-structure (warm-up as loops of its own or a conditional, acting apart) and
-XLA compiler options of that program's compile alone (init compiles once,
+structure (warm-up as loops of its own or a conditional, acting apart, the
+carry packed or plain) and XLA compiler options of that program's compile alone (init compiles once,
 with XLA's defaults, and every run includes it). `timed_rounds` calls them
-in turn; bench/warmup_loops.py and bench/compiler_options.py time them.
+in turn; bench/warmup_loops.py, bench/compiler_options.py and bench/packed_carry.py time them.
 `parse_options` reads compiler options as bench/compiler_options.py takes
 them. Each program's module is named for what it is (`init`, `chunk_warmup_<n>`, or
 `chunk_conditional` where a conditional decides each iteration's learning), so that a
@@ -15,7 +15,7 @@ profiler's trace tells their kernels apart (bench/kernel_times.py).
 
 import functools
 import time
-from typing import Callable, Dict, List, NamedTuple, Tuple, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import jax
 import numpy as np
@@ -26,11 +26,21 @@ from agents.dqn import seed_layout
 from agents.dqn.anakin import AnakinPlan
 from agents.dqn.builder import DQNBuilder
 
-# name: (warm-up as loops of its own, acting apart, XLA compiler options); None: the run's default.
-STRUCTURES = {"conditional": (False, False, None), "loops": (True, False, None),
-              "loops apart": (True, True, None)}
+
+class Variant(NamedTuple):
+  """How a chunk program is built: the warm-up as loops of its own, acting apart (None: the
+  run's default for the layout), XLA compiler options of its compile (None: XLA's defaults),
+  the loops' carry packed (`acme_jax_dqn.anakin_loops.carry_scan`, a run's default)."""
+  loops: Optional[bool] = None
+  apart: Optional[bool] = None
+  options: Optional[Dict[str, Any]] = None
+  packed: bool = True
+
+
+STRUCTURES = {"conditional": Variant(False, False), "loops": Variant(True, False),
+              "loops apart": Variant(True, True)}
 DEFAULT = "default"
-RUN_DEFAULT = {DEFAULT: (None, None, None)}  # The structure and options a run gets.
+RUN_DEFAULT = {DEFAULT: Variant()}  # The structure and options a run gets.
 
 
 class Program(NamedTuple):
@@ -65,13 +75,13 @@ def programs(experiment, config, num_seeds: int, variants=None):
   state_shape = jax.eval_shape(init_fn, keys)
   init = init_fn.lower(keys).compile()
   out = {}
-  for name, (loops, apart, options) in (variants or STRUCTURES).items():
+  for name, (loops, apart, options, packed) in (variants or STRUCTURES).items():
     if loops is None:
       loops = seed_layout.warmup_loops(batched)
     warmups = plan.chunk_warmups(trainer, loops)
     compiled, start = {}, time.perf_counter()
     for warmup in dict.fromkeys(warmups):
-      chunk = named(plan.chunk_fn(trainer, warmup, batched, apart),
+      chunk = named(plan.chunk_fn(trainer, warmup, batched, apart, packed),
                     "chunk_conditional" if warmup is None else f"chunk_warmup_{warmup}")
       compiled[warmup] = jax.jit(chunk, donate_argnums=0).lower(state_shape, np.int32(0)).compile(
                                      compiler_options=options or None)

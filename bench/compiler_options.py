@@ -101,7 +101,8 @@ def main(argv):
   lines: List[str] = []
   for num_seeds in counts:
     compared = dict(anakin_programs.RUN_DEFAULT)
-    compared.update({label: (None, None, options) for label, options in variants.items()})
+    compared.update({label: anakin_programs.Variant(options=options)
+                     for label, options in variants.items()})
     with xla_setup.prng_impl(experiment.prng_impl):
       progs, plan, _ = anakin_programs.programs(experiment, config, num_seeds, compared)
       times, results = anakin_programs.timed_rounds(progs, FLAGS.repeats)

@@ -10,18 +10,19 @@
 #                under 30 s left is skipped, and each step's cap is cut to what is left (less
 #                10 s in which a step that was told to stop finishes its checkpoint)
 # TINY=1         small sizes (8 seeds for 2,048; 20,000 env steps, 5,000 for the fused-loss
-#                bench, 4,000 traced), to check the script
+#                and packed-carry benches, 4,000 traced), to check the script
 # PYTHON         the interpreter (default: python3)
 # .whl/          wheels installed first, where present (bench/gpu_wheels.sh fetches them), for a
 #                GPU host that cannot reach a package index; WHEELS=0 leaves them (they are for
 #                the GPU host's Python 3.12: a tiny run on another Python skips them)
 #
-# In order: the fused loss against XLA's (one batch, then the run's programs); ours beside
+# In order: ours beside PureJaxRL at the defaults (every goal); the loops' carry packed and
+# plain; the fused loss against XLA's (one batch, then the run's programs); ours beside
 # PureJaxRL with the fused loss; Breakout-MinAtar with cuDNN's convolutions and with patch
 # products, twice, alternating; where the device's time goes (bench/kernel_times.py) on
 # Breakout at one seed and on CartPole at 2,048 seeds with and without the fused loss (without
-# it beside PureJaxRL's kernels, each op with its modelled bytes); ours beside PureJaxRL at the
-# defaults; the build's compile schedules.
+# it beside PureJaxRL's kernels, each op with its modelled bytes); the build's compile
+# schedules.
 # Every step's output is in $OUT/<step>.txt, its tail in $OUT/log.txt, its table in $OUT/*.md.
 set -u
 START=$(date +%s)
@@ -38,9 +39,9 @@ if [ "${WHEELS:-1}" != 0 ] && ls .whl/*.whl > /dev/null 2>&1; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if [ "${TINY:-0}" = 1 ]; then
-  STEPS=20000; MANY=8; FUSED_STEPS=5000; TRACED_STEPS=4000
+  STEPS=20000; MANY=8; FUSED_STEPS=5000; TRACED_STEPS=4000; PACKED_STEPS=5000
 else
-  STEPS=200000; MANY=2048; FUSED_STEPS=100000; TRACED_STEPS=20000
+  STEPS=200000; MANY=2048; FUSED_STEPS=100000; TRACED_STEPS=20000; PACKED_STEPS=50000
 fi
 if [ ! -f "$PEER/purejaxrl/dqn.py" ]; then
   echo "no PureJaxRL checkout at $PEER (PUREJAXRL_DIR): the steps beside it are skipped" \
@@ -75,6 +76,11 @@ breakout() {  # breakout CONV_IMPL SUFFIX
     --logdir="$OUT/runs_breakout_$1$2" --out="$OUT/gpu_speed_breakout_$1$2.md"
 }
 
+peer && step gpu_speed 240 $PY -m bench.gpu_speed --purejaxrl_dir="$PEER" \
+  --num_seeds=1,$MANY --minatar_seeds=1,64 --total_steps=$STEPS \
+  --logdir="$OUT/runs_default" --out="$OUT/gpu_speed.md"
+step packed_carry 90 $PY -m bench.packed_carry --flagfile=$CFG --seed_counts=1,$MANY \
+  --total_steps=$PACKED_STEPS --repeats=2 --out="$OUT/packed_carry.md"
 step fused_loss 120 $PY -m bench.fused_loss --flagfile=$CFG --seed_counts=1,$MANY \
   --total_steps=$FUSED_STEPS --num_warps=8 --out="$OUT/fused_loss.md"
 peer && step gpu_speed_fused_loss 150 $PY -m bench.gpu_speed --purejaxrl_dir="$PEER" \
@@ -92,9 +98,6 @@ step kernel_times_many_xla 90 $PY -m bench.kernel_times --flagfile=$CFG --num_se
   --total_steps=$TRACED_STEPS $PEER_FLAG --out="$OUT/kernel_times_many_xla.md"
 breakout lax_conv _2
 breakout patches _2
-peer && step gpu_speed 240 $PY -m bench.gpu_speed --purejaxrl_dir="$PEER" \
-  --num_seeds=1,$MANY --minatar_seeds=1,64 --total_steps=$STEPS \
-  --logdir="$OUT/runs_default" --out="$OUT/gpu_speed.md"
 peer && step compile_time 90 $PY -m bench.compile_time --flagfile=$CFG --num_seeds=$MANY \
   --total_steps=$STEPS --repeats=1 --purejaxrl_dir="$PEER" --out="$OUT/compile_time.md"
 echo "== done at $(( $(date +%s) - START )) s" | tee -a "$OUT/log.txt"

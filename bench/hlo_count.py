@@ -208,6 +208,7 @@ def kernels(name: str, computations: Dict[str, List[str]],
     else:
       counts["fusion" if opcode == "fusion" else
              "custom-call" if opcode == "custom-call" else "unfused"] += 1
+      counts["copy"] += opcode == "copy"  # Copies among the unfused ops (this level's).
       accessed = kernel_bytes(line, computations, shapes)
       for total in totals:
         counts[total] += accessed if total.startswith("bytes") else 1

@@ -230,6 +230,25 @@ def test_the_warmup_loops_bench_finds_the_three_chunk_structures_train_the_same(
   assert rows[0].rstrip(" |").endswith("yes"), rows
 
 
+def test_the_packed_carry_bench_counts_fewer_copies_and_trains_the_same_parameters(tmp_path):
+  """Two seeds on one CPU device: the run's chunk programs with the loops' carry packed have
+  fewer kernels and copies per iteration than with the plain carry, and train the same
+  parameters."""
+  out = tmp_path / "packed_carry.md"
+  subprocess.run(
+      [sys.executable, "-m", "bench.packed_carry",
+       "--flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg", "--seed_counts=2",
+       "--total_steps=1200", "--min_replay_size=400", "--log_every=400", "--repeats=1",
+       f"--out={out}"], cwd=ROOT, check=True, capture_output=True, text=True, timeout=300)
+  rows = [[c.strip() for c in line.split("|")[1:-1]] for line in out.read_text().splitlines()
+          if line.startswith("| 2 |")]
+  assert len(rows) == 1, rows
+  (plain, plain_copies), (packed, packed_copies) = [
+      map(int, re.fullmatch(r"(\d+) \((\d+) copies\)", cell).groups()) for cell in rows[0][1:3]]
+  assert packed < plain and packed_copies < plain_copies, rows
+  assert rows[0][-1] == "yes", rows
+
+
 def test_the_compiler_options_bench_compiles_the_run_chunks_with_each_option_set(tmp_path):
   """Two seeds on one CPU device: the chunk programs with XLA's defaults and with a scheduler
   option, which changes no arithmetic, so both train the same parameters."""
@@ -423,6 +442,8 @@ def test_the_compile_time_bench_times_three_schedules_of_the_run_dqn_build(tmp_p
     ("warmup_loops", ["--repeats=0"], "--repeats=0: at least 1 timed pair is needed."),
     ("warmup_loops", ["--seed_counts=0"], "--seed_counts=0: give counts of 1 or more."),
     ("warmup_loops", ["--pqn"], "--pqn: PQN learns every iteration and has no warm-up"),
+    ("packed_carry", ["--repeats=0"], "--repeats=0: at least 1 timed pair is needed."),
+    ("packed_carry", ["--seed_counts=two"], "--seed_counts=two: give counts of 1 or more."),
     ("compiler_options", ["--variants="], "--variants is empty: give at least one option set"),
     ("compiler_options", ["--variants=novalue"], "--variants: 'novalue' is not name=value"),
     ("compiler_options", ["--variants=xla_cpu_no_such_option=1"],
@@ -515,6 +536,7 @@ def test_hlo_kernels_counts_what_one_iteration_runs_in_a_small_hand_counted_modu
   # Top level of the body: one fusion, one copy (unfused), one loop, one conditional.
   assert (counts["fusion"], counts["unfused"], counts["while"], counts["conditional"]) == (
       1, 1, 1, 1)
+  assert counts["copy"] == 1  # The unfused op is a copy.
   # Per iteration: 1 fusion + 1 copy + the loop (5 trips x (2 body + 1 condition) + 1) + the
   # conditional (1 + its branch) + the scan's own condition (1): 2 + 16 + 3 + 1 learning,
   # 2 + 16 + 1 + 1 not.

@@ -43,15 +43,16 @@ from agents.dqn.run_loop import Source
 
 
 def chunk_fn(trainer: anakin_lib.Anakin, num_iterations: int, warmup: Optional[int],
-             batched: bool, unroll: int = 1, acting_apart: Optional[bool] = None):
+             batched: bool, unroll: int = 1, acting_apart: Optional[bool] = None,
+             packed_carry: bool = True):
   """`(state, first_iteration) -> (state, metrics)`: a chunk of `num_iterations` over a device's
-  block of seeds (`warmup`, `unroll`, `acting_apart`: see
+  block of seeds (`warmup`, `unroll`, `acting_apart`, `packed_carry`: see
   `acme_jax_dqn.anakin.Anakin.train_chunk`; `acting_apart` None: `seed_layout.acting_apart`)."""
   if acting_apart is None:
     acting_apart = seed_layout.acting_apart(batched)
   return seed_layout.over_seeds(
       functools.partial(trainer.train_chunk, num_iterations=num_iterations, warmup=warmup,
-                        unroll=unroll, acting_apart=acting_apart),
+                        unroll=unroll, acting_apart=acting_apart, packed_carry=packed_carry),
       batched, in_axes=(0, None))
 
 
@@ -89,10 +90,10 @@ class AnakinPlan:
             for c in range(self.num_chunks)]
 
   def chunk_fn(self, trainer: anakin_lib.Anakin, warmup: Optional[int], batched: bool,
-               acting_apart: Optional[bool] = None):
+               acting_apart: Optional[bool] = None, packed_carry: bool = True):
     """`(state, first_iteration) -> (state, metrics)`: one chunk over a device's block of seeds."""
     return chunk_fn(trainer, self.iterations_per_chunk, warmup, batched, self.unroll,
-                    acting_apart)
+                    acting_apart, packed_carry)
 
   def as_dict(self) -> Dict[str, int]:
     """What a resumed run must share with the saved one (its compiled chunk and budget)."""
