@@ -226,8 +226,8 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
     state, stats = carry_scan(store, state, None, env_steps_per_iteration, packed=packed)
     return state, jax.tree.map(jnp.sum, stats)
 
-  def iteration(state: AnakinState, index: chex.Array):
-    state, stats = act_iteration(state, None)
+  def iteration(state: AnakinState, index: chex.Array, packed: bool = True):
+    state, stats = act_iteration(state, None, packed=packed)
     # Learning starts once replay holds `min_replay_size` transitions. The
     # test reads the iteration index, which is the same for every seed: a
     # predicate batched by vmap would turn the cond into a select that
@@ -246,8 +246,9 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
                   packed_carry: bool = True):
     if warmup is None:
       indices = first_iteration + jnp.arange(num_iterations, dtype=jnp.int32)
-      state, (stats, metrics, learned) = carry_scan(iteration, state, indices, unroll=unroll,
-                                                    packed=packed_carry)
+      state, (stats, metrics, learned) = carry_scan(
+          functools.partial(iteration, packed=packed_carry), state, indices, unroll=unroll,
+          packed=packed_carry)
       sums = jax.tree.map(lambda m: jnp.sum(m * learned), metrics)
       return state, chunk_metrics(state, jax.tree.map(jnp.sum, stats), sums,
                                   jnp.sum(learned), epsilon_fn)

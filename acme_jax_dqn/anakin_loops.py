@@ -21,15 +21,20 @@ def zeros_of_output(body, state):
 
 def rides_packed(path, leaf) -> bool:
   """Whether a training loop carries `leaf`, at `path` in its carry, in its packed word vector
-  (`carry_scan`): the environments, observations, returns, n-step window, counters and keys,
-  and the learner's and replay's non-float leaves of up to 64 elements (step counts, keys, the
-  replay's index and flags). The learner's float leaves (parameters, optimizer moments), which
-  its update kernels write in place, the replay's storage and leaves of more than 2**16
-  elements stay apart."""
-  name = next((k.name for k in path if isinstance(k, jax.tree_util.GetAttrKey)), None)
-  if name in ("learner", "buffer"):
+  (`carry_scan`): the environments, observations, returns, n-step window, counters and keys;
+  the learner's non-float leaves of up to 64 elements (step counts, keys); and the replay's
+  leaves of up to 64 elements outside its storage (index, flags, the largest priority). The
+  learner's float leaves (parameters, optimizer moments), which its update kernels write in
+  place, the replay's storage (`experience`, the sum tree's nodes) and leaves of more than
+  2**16 elements stay apart."""
+  names = [k.name for k in path if isinstance(k, jax.tree_util.GetAttrKey)]
+  if not names:
+    return False
+  if names[0] == "learner":
     return not jnp.issubdtype(leaf.dtype, jnp.floating) and leaf.size <= 64
-  return name is not None and leaf.size <= 1 << 16
+  if names[0] == "buffer":
+    return "experience" not in names and "nodes" not in names and leaf.size <= 64
+  return leaf.size <= 1 << 16
 
 
 def carry_scan(body, state, xs=None, length: Optional[int] = None, unroll: int = 1,

@@ -68,8 +68,10 @@ def global_norm(tree: Any) -> jax.Array:
 
 
 def _word_dtype(dtype: Any) -> Optional[np.dtype]:
-  """The unsigned integer type of `dtype`'s width (None where it has no plain bits: keys)."""
-  if jnp.issubdtype(dtype, jax.dtypes.extended):
+  """The unsigned integer type of `dtype`'s width; None for what has no plain whole bytes to
+  carry (typed keys, complex numbers, 4-bit types)."""
+  if (jnp.issubdtype(dtype, jax.dtypes.extended) or jnp.issubdtype(dtype, jnp.complexfloating)
+      or jax.dtypes.itemsize_bits(dtype) != 8 * np.dtype(dtype).itemsize):
     return None
   return {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32),
           8: np.dtype(np.uint64)}.get(np.dtype(dtype).itemsize)
@@ -121,7 +123,14 @@ class WordPacker:
     self.num_words = start
 
   def split(self, tree: Any) -> Tuple[jax.Array, List[Any]]:
+    """(the picked leaves' words, the other leaves); raises TypeError where a picked leaf's
+    shape or dtype is not the example's (its bits would be read back as another type)."""
     leaves = self._treedef.flatten_up_to(tree)
+    for x, (_, _, shape, dtype) in zip([x for x, p in zip(leaves, self._picked) if p],
+                                       self._slots):
+      if tuple(x.shape) != shape or np.dtype(x.dtype) != dtype:
+        raise TypeError(f"a packed leaf is {x.dtype}{list(x.shape)} where the packer was "
+                        f"built for {dtype}{list(shape)}")
     picked = [_to_words(x) for x, p in zip(leaves, self._picked) if p]
     words = jnp.concatenate(picked) if picked else jnp.zeros((0,), jnp.uint32)
     return words, [x for x, p in zip(leaves, self._picked) if not p]

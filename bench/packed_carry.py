@@ -13,8 +13,10 @@ value is written (the environment's state, read again by the kernels that
 store the transition): on a GPU one copy kernel per such leaf per
 iteration, which the packed carry turns into one. Each program's kernels
 per iteration, counted in its optimized HLO as bench/hlo_kernels.py
-counts them (the learning loop, or the loop with the conditional), and
-the copies among them, are printed beside the time of one run: init and
+counts them (the loop with the most iterations of the last chunk
+program: the learning loop unless the warm-up is longer, or the loop
+with the conditional), and the copies at the top level of its body, are
+printed beside the time of one run: init and
 every chunk of the plan with its metrics copied to the host. The two are
 called in turn, a warm-up round first; the table gives the median of the
 rounds' ratios (env steps/s, packed over plain) and whether both trained
@@ -49,9 +51,10 @@ VARIANTS = {"plain": anakin_programs.Variant(packed=False),
 
 
 def kernels(program: anakin_programs.Program) -> str:
-  """'<kernels> (<copies> copies)' per iteration of the last chunk program's longest loop."""
-  text = program.texts[-1]  # The learning loop, or the loop with the conditional.
-  counts = hlo_count.iteration_body(text)
+  """'<kernels> (<copies> copies)' per iteration of the loop with the most iterations in the
+  last chunk program (the learning loop, unless a chunk's warm-up is longer; or the loop with
+  the conditional); the copies are those at the loop body's top level."""
+  counts = hlo_count.iteration_body(program.texts[-1])
   return f"{counts['per_iteration']} ({counts['copy']} copies)"
 
 
@@ -65,7 +68,8 @@ def main(argv):
   if not counts or min(counts) < 1:
     harness.bad_input(f"--seed_counts={','.join(FLAGS.seed_counts)}: give counts of 1 or more.")
   table = harness.PrintedTable(
-      ["seeds", "kernels per iteration, plain", "packed", "compile s (plain, packed)",
+      ["seeds", "kernels per iteration (top-level copies), plain", "packed",
+       "compile s (plain, packed)",
        "plain s", "packed s", "packed / plain (env steps/s)", "same params"],
       summary=harness.jax_here())
   medians = []

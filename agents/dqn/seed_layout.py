@@ -205,9 +205,9 @@ def acting_apart(batched: bool) -> bool:
   layers of the acting forward and of the learner's forward on the same
   online parameters become one matmul (for the PureJaxRL preset, 10 acting
   rows and 128 batch rows). For one seed that saves kernels (an H200
-  iteration of that preset runs 78 kernels merged, 81 apart;
-  bench/hlo_kernels.py --target=h200). Over 2,048 vmapped seeds it saves
-  none (69 either way) and the program moves 16% more modelled bytes per
+  iteration of that preset runs 78 kernels merged, 81 apart, counted with
+  the loops' carry plain; bench/hlo_kernels.py --target=h200). Over 2,048
+  vmapped seeds it saves none (69 either way) and the program moves 16% more modelled bytes per
   iteration (4,326 MB against 3,719 MB: concatenations of the inputs and
   slices of the activations), and there a program whose learner sat in a
   conditional's branch of its own, where no merge can reach, ran 1.13x the
