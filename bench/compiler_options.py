@@ -85,13 +85,7 @@ def check_options(variants: Dict[str, anakin_programs.Options]) -> None:
 def main(argv):
   del argv
   config, experiment = harness.anakin_run_flags(FLAGS.repeats)
-  try:
-    counts = [int(c) for c in FLAGS.seed_counts]
-  except ValueError:
-    counts = []
-  if not counts or min(counts) < 1:
-    harness.bad_input(f"--seed_counts={','.join(FLAGS.seed_counts)}: give counts "
-                      "of 1 or more.")
+  counts = harness.seed_counts(FLAGS.seed_counts)
   variants = parse_variants(FLAGS.variants)
   check_options(variants)
   table = harness.PrintedTable(

@@ -35,6 +35,18 @@ def bad_input(line: str) -> None:
 ANAKIN_CFG = "launch/configs/cartpole_anakin_purejaxrl.cfg"
 
 
+def seed_counts(values: Sequence[str]) -> List[int]:
+  """`--seed_counts` as whole numbers; exits with a line naming the flag where one is not a
+  whole number of 1 or more, or none is given."""
+  try:
+    counts = [int(v) for v in values]
+  except ValueError:
+    counts = []
+  if not counts or min(counts) < 1:
+    bad_input(f"--seed_counts={','.join(values)}: give counts of 1 or more.")
+  return counts
+
+
 def anakin_run_flags(repeats: int):
   """(DQNConfig, ExperimentConfig) of the command's run flags, for benches that time anakin mode
   in one process; exits with a line naming the flag when `repeats` or `--run_mode` cannot be

@@ -61,12 +61,7 @@ def kernels(program: anakin_programs.Program) -> str:
 def main(argv):
   del argv
   config, experiment = harness.anakin_run_flags(FLAGS.repeats)
-  try:
-    counts = [int(c) for c in FLAGS.seed_counts]
-  except ValueError:
-    counts = []
-  if not counts or min(counts) < 1:
-    harness.bad_input(f"--seed_counts={','.join(FLAGS.seed_counts)}: give counts of 1 or more.")
+  counts = harness.seed_counts(FLAGS.seed_counts)
   table = harness.PrintedTable(
       ["seeds", "kernels per iteration (top-level copies), plain", "packed",
        "compile s (plain, packed)",

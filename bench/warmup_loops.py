@@ -60,9 +60,7 @@ def main(argv):
   if config.pqn:
     harness.bad_input("--pqn: PQN learns every iteration and has no warm-up; pass a "
                       "replay-based preset.")
-  counts = [int(c) for c in FLAGS.seed_counts]
-  if not counts or min(counts) < 1:
-    harness.bad_input(f"--seed_counts={','.join(FLAGS.seed_counts)}: give counts of 1 or more.")
+  counts = harness.seed_counts(FLAGS.seed_counts)
   table = harness.PrintedTable(
       ["seeds", "warm-up / chunk iterations", "compile s (conditional, loops, loops apart)",
        "conditional s", "loops s", "loops apart s", "loops / conditional (env steps/s)",

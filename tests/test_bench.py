@@ -441,6 +441,7 @@ def test_the_compile_time_bench_times_three_schedules_of_the_run_dqn_build(tmp_p
      "--purejaxrl_dir='/nonexistent': no purejaxrl/dqn.py"),
     ("warmup_loops", ["--repeats=0"], "--repeats=0: at least 1 timed pair is needed."),
     ("warmup_loops", ["--seed_counts=0"], "--seed_counts=0: give counts of 1 or more."),
+    ("warmup_loops", ["--seed_counts=1,x"], "--seed_counts=1,x: give counts of 1 or more."),
     ("warmup_loops", ["--pqn"], "--pqn: PQN learns every iteration and has no warm-up"),
     ("packed_carry", ["--repeats=0"], "--repeats=0: at least 1 timed pair is needed."),
     ("packed_carry", ["--seed_counts=two"], "--seed_counts=two: give counts of 1 or more."),

@@ -142,8 +142,7 @@ def test_the_loops_pack_the_actor_side_and_small_counters_not_parameters_or_repl
     ({}, False, 1, 1),  # The per-iteration conditional (one seed on the CPU).
     ({}, True, 2, 2),  # Warm-up and learning loops, two seeds vmapped.
     # The n-step window, prioritized replay (float leaves in the buffer), two env steps per
-    # iteration (a loop inside each loop), with the loops and with the conditional.
-    (dict(n_step=3, prioritized=True, samples_per_insert=4.0, min_replay_size=400), True, 1, 4),
+    # iteration (a loop inside the loop).
     (dict(n_step=3, prioritized=True, samples_per_insert=4.0, min_replay_size=400), False, 1, 2),
     # PQN: the chunk's loop and the rollout's.
     (dict(pqn=True, layer_norm=True, pqn_rollout_len=8, pqn_minibatches=2, pqn_epochs=1),
