@@ -115,7 +115,8 @@ class Anakin(NamedTuple):
       unroll); the same computation in fewer, larger loop steps.
       `packed_carry` (static, default True): the loops carry the
       environments, counters and keys in one word vector
-      (`anakin_loops.carry_scan`); the same computation in fewer kernels.
+      (`anakin_loops.carry_scan`); the same computation in fewer kernels
+      (a run packs a block of one seed: `agents.dqn.seed_layout`).
       `acting_apart` (static): in the loop that learns, the acting forward
       reads the online parameters through an optimization barrier, so that
       XLA's GPU compiler does not merge it with the learner's forward on the

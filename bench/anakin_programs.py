@@ -28,13 +28,13 @@ from agents.dqn.builder import DQNBuilder
 
 
 class Variant(NamedTuple):
-  """How a chunk program is built: the warm-up as loops of its own, acting apart (None: the
-  run's default for the layout), XLA compiler options of its compile (None: XLA's defaults),
-  the loops' carry packed (`acme_jax_dqn.anakin_loops.carry_scan`, a run's default)."""
+  """How a chunk program is built: the warm-up as loops of its own, acting apart, the loops'
+  carry packed (`acme_jax_dqn.anakin_loops.carry_scan`; these three None: the run's default
+  for the layout), XLA compiler options of its compile (None: XLA's defaults)."""
   loops: Optional[bool] = None
   apart: Optional[bool] = None
   options: Optional[Dict[str, Any]] = None
-  packed: bool = True
+  packed: Optional[bool] = None
 
 
 STRUCTURES = {"conditional": Variant(False, False), "loops": Variant(True, False),

@@ -82,9 +82,10 @@ flags.DEFINE_enum("target", "local", ["local", "h200"], "The device to compile f
 flags.DEFINE_enum("acting_apart", "auto", ["auto", "yes", "no"], "Whether the loop that learns "
                   "keeps its acting forward apart from the learner's (auto: as a run does, "
                   "agents.dqn.seed_layout.acting_apart).")
-flags.DEFINE_bool("packed_carry", True, "Whether the chunk's loops carry the environments, "
-                  "counters and keys in one word vector (acme_jax_dqn/anakin_loops.py), as a run "
-                  "does; --nopacked_carry counts the plain carry.")
+flags.DEFINE_enum("packed_carry", "auto", ["auto", "yes", "no"], "Whether the chunk's loops "
+                  "carry the environments, counters and keys in one word vector "
+                  "(acme_jax_dqn/anakin_loops.py; auto: as a run does, "
+                  "agents.dqn.seed_layout.packed_carry).")
 flags.DEFINE_string("out", None, "Markdown table to write ('' : none; default "
                     "bench/results/hlo_kernels.md on the CPU, else hlo_kernels_<target or "
                     "backend>.md, with _<n>_seeds before .md for --num_seeds=n above 1).")
@@ -145,7 +146,7 @@ def ours_hlo(place: Callable, platform: str, config: DQNConfig, experiment: Expe
       return _compiled_text(
           anakin_mode.chunk_fn(trainer, iterations, warmup, batched, unroll,
                                {"auto": None, "yes": True, "no": False}[FLAGS.acting_apart],
-                               FLAGS.packed_carry),
+                               {"auto": None, "yes": True, "no": False}[FLAGS.packed_carry]),
           state, first)
     if not seed_layout.warmup_loops(batched):
       learning, warming_up = chunk_text(None), None
@@ -197,7 +198,7 @@ def main(argv):
   unroll = experiment.scan_unroll
   flagfiles += [f"--scan_unroll={unroll}"] if unroll > 1 else []
   flagfiles += [f"--acting_apart={FLAGS.acting_apart}"] if FLAGS.acting_apart != "auto" else []
-  flagfiles += [] if FLAGS.packed_carry else ["--nopacked_carry"]
+  flagfiles += [f"--packed_carry={FLAGS.packed_carry}"] if FLAGS.packed_carry != "auto" else []
   builds = {f"ours ({', '.join(flagfiles) or 'default flags'})":
             functools.partial(ours_hlo, place, platform, config, experiment)}
   if FLAGS.purejaxrl_dir:

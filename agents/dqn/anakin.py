@@ -44,12 +44,15 @@ from agents.dqn.run_loop import Source
 
 def chunk_fn(trainer: anakin_lib.Anakin, num_iterations: int, warmup: Optional[int],
              batched: bool, unroll: int = 1, acting_apart: Optional[bool] = None,
-             packed_carry: bool = True):
+             packed_carry: Optional[bool] = None):
   """`(state, first_iteration) -> (state, metrics)`: a chunk of `num_iterations` over a device's
   block of seeds (`warmup`, `unroll`, `acting_apart`, `packed_carry`: see
-  `acme_jax_dqn.anakin.Anakin.train_chunk`; `acting_apart` None: `seed_layout.acting_apart`)."""
+  `acme_jax_dqn.anakin.Anakin.train_chunk`; None: `seed_layout.acting_apart`,
+  `seed_layout.packed_carry`)."""
   if acting_apart is None:
     acting_apart = seed_layout.acting_apart(batched)
+  if packed_carry is None:
+    packed_carry = seed_layout.packed_carry(batched)
   return seed_layout.over_seeds(
       functools.partial(trainer.train_chunk, num_iterations=num_iterations, warmup=warmup,
                         unroll=unroll, acting_apart=acting_apart, packed_carry=packed_carry),
@@ -90,7 +93,7 @@ class AnakinPlan:
             for c in range(self.num_chunks)]
 
   def chunk_fn(self, trainer: anakin_lib.Anakin, warmup: Optional[int], batched: bool,
-               acting_apart: Optional[bool] = None, packed_carry: bool = True):
+               acting_apart: Optional[bool] = None, packed_carry: Optional[bool] = None):
     """`(state, first_iteration) -> (state, metrics)`: one chunk over a device's block of seeds."""
     return chunk_fn(trainer, self.iterations_per_chunk, warmup, batched, self.unroll,
                     acting_apart, packed_carry)

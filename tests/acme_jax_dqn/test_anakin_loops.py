@@ -174,3 +174,20 @@ def test_a_chunk_with_a_packed_carry_trains_what_the_plain_carry_trains(override
       packed_carried, plain_carried)
   assert np.all(np.asarray(plain[1]["learner_steps"]) > 0)
   jax.tree.map(lambda a, b: np.testing.assert_equal(_bits(a), _bits(b)), plain, packed)
+
+
+def test_a_run_packs_the_carry_of_one_seed_and_not_of_a_batch():
+  """`chunk_fn`'s default (`seed_layout.packed_carry`): a block of one seed, run unbatched,
+  carries its state packed; a vmapped batch of seeds carries it plain."""
+  trainer = _trainer()
+  assert seed_layout.packed_carry(False) and not seed_layout.packed_carry(True)
+
+  def carried(batched, packed_carry):
+    keys = jnp.stack([jax.random.PRNGKey(s) for s in range(1 + batched)])
+    start = jax.eval_shape(seed_layout.over_seeds(trainer.init, batched), keys)
+    chunk = anakin_mode.chunk_fn(trainer, 20, None, batched, packed_carry=packed_carry)
+    return _carried_per_loop(jax.make_jaxpr(chunk)(start, np.int32(40)).jaxpr)
+
+  for batched in (False, True):
+    assert carried(batched, True) != carried(batched, False)
+    assert carried(batched, None) == carried(batched, not batched)
