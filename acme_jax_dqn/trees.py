@@ -126,13 +126,13 @@ class WordPacker:
     """(the picked leaves' words, the other leaves); raises TypeError where a picked leaf's
     shape or dtype is not the example's (its bits would be read back as another type)."""
     leaves = self._treedef.flatten_up_to(tree)
-    for x, (_, _, shape, dtype) in zip([x for x, p in zip(leaves, self._picked) if p],
-                                       self._slots):
+    picked = [x for x, p in zip(leaves, self._picked) if p]
+    for x, (_, _, shape, dtype) in zip(picked, self._slots):
       if tuple(x.shape) != shape or np.dtype(x.dtype) != dtype:
         raise TypeError(f"a packed leaf is {x.dtype}{list(x.shape)} where the packer was "
                         f"built for {dtype}{list(shape)}")
-    picked = [_to_words(x) for x, p in zip(leaves, self._picked) if p]
-    words = jnp.concatenate(picked) if picked else jnp.zeros((0,), jnp.uint32)
+    words = (jnp.concatenate([_to_words(x) for x in picked]) if picked
+             else jnp.zeros((0,), jnp.uint32))
     return words, [x for x, p in zip(leaves, self._picked) if not p]
 
   def join(self, words: jax.Array, rest: List[Any]) -> Any:

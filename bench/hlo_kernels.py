@@ -211,7 +211,8 @@ def main(argv):
     build_s[name] = time.perf_counter() - start
   header = ["program", "env steps per iteration", "kernels per iteration that learns",
             "kernels per iteration that does not", "kernels per 1,000 env steps (learning "
-            "at the program's rate)", "fusions", "unfused ops", "custom calls", "loops",
+            "at the program's rate)", "fusions", "unfused ops", "of which copies", "custom calls",
+            "loops",
             "conditionals", "MB per iteration that learns (modelled)",
             "MB per iteration that does not", "build s"]
   rows = []
@@ -234,7 +235,7 @@ def main(argv):
     harness.add_row(rows, "| " + " | ".join(str(x) for x in [
         name, steps, counts["per_iteration"], counts["per_iteration_min"],
         counts["per_1000_steps"], counts.get("fusion", 0),
-        counts.get("unfused", 0),
+        counts.get("unfused", 0), counts.get("copy", 0),
         counts.get("custom-call", 0), counts.get("while", 0), counts.get("conditional", 0),
         f"{counts['mb_per_iteration']:,.1f}", f"{counts['mb_per_iteration_min']:,.1f}",
         f"{build_s[name]:.1f}"]) + " |")
