@@ -16,13 +16,16 @@
 #                GPU host that cannot reach a package index; WHEELS=0 leaves them (they are for
 #                the GPU host's Python 3.12: a tiny run on another Python skips them)
 #
-# In order: ours beside PureJaxRL at the defaults (every goal); the loops' carry packed and
-# plain; the fused loss against XLA's (one batch, then the run's programs); ours beside
-# PureJaxRL with the fused loss; Breakout-MinAtar with cuDNN's convolutions and with patch
-# products, twice, alternating; where the device's time goes (bench/kernel_times.py) on
-# Breakout at one seed and on CartPole at 2,048 seeds with and without the fused loss (without
-# it beside PureJaxRL's kernels, each op with its modelled bytes); the build's compile
+# In order: ours beside PureJaxRL at the defaults (every goal); where the device's time goes
+# (bench/kernel_times.py) on CartPole at 2,048 seeds beside PureJaxRL's kernels (each op with
+# its modelled bytes), then on Breakout at one seed; the fused loss against XLA's (one batch,
+# then the run's programs); ours beside PureJaxRL with the fused loss; the loops' carry packed
+# and plain; Breakout-MinAtar with cuDNN's convolutions and with patch products, twice,
+# alternating; the device's time at 2,048 seeds with the fused loss; the build's compile
 # schedules.
+# STEPS          step names to run, separated by spaces or commas (default: all), e.g.
+#                STEPS=packed_carry,compile_time for a second call that finishes what the
+#                first one's deadline cut
 # Every step's output is in $OUT/<step>.txt, its tail in $OUT/log.txt, its table in $OUT/*.md.
 set -u
 START=$(date +%s)
@@ -39,9 +42,9 @@ if [ "${WHEELS:-1}" != 0 ] && ls .whl/*.whl > /dev/null 2>&1; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if [ "${TINY:-0}" = 1 ]; then
-  STEPS=20000; MANY=8; FUSED_STEPS=5000; TRACED_STEPS=4000; PACKED_STEPS=5000
+  STEPS_PER_SEED=20000; MANY=8; FUSED_STEPS=5000; TRACED_STEPS=4000; PACKED_STEPS=5000
 else
-  STEPS=200000; MANY=2048; FUSED_STEPS=100000; TRACED_STEPS=20000; PACKED_STEPS=50000
+  STEPS_PER_SEED=200000; MANY=2048; FUSED_STEPS=100000; TRACED_STEPS=20000; PACKED_STEPS=50000
 fi
 if [ ! -f "$PEER/purejaxrl/dqn.py" ]; then
   echo "no PureJaxRL checkout at $PEER (PUREJAXRL_DIR): the steps beside it are skipped" \
@@ -51,6 +54,9 @@ fi
 step() {  # step NAME CAP_S COMMAND...
   local name=$1 cap=$2 left
   shift 2
+  if [ -n "${STEPS:-}" ] && [[ ",${STEPS// /,}," != *",$name,"* ]]; then
+    return
+  fi
   left=$(( DEADLINE - ($(date +%s) - START) ))
   if [ "$left" -lt 30 ]; then
     echo "== $name: skipped, ${left} s left" | tee -a "$OUT/log.txt"
@@ -72,32 +78,32 @@ peer() { [ -f "$PEER/purejaxrl/dqn.py" ]; }
 
 breakout() {  # breakout CONV_IMPL SUFFIX
   step "gpu_speed_breakout_$1$2" 60 $PY -m bench.gpu_speed --purejaxrl_dir="$PEER" --num_seeds= \
-    --minatar_seeds=1 --total_steps=$STEPS --extra_flags=--conv_impl=$1 \
+    --minatar_seeds=1 --total_steps=$STEPS_PER_SEED --extra_flags=--conv_impl=$1 \
     --logdir="$OUT/runs_breakout_$1$2" --out="$OUT/gpu_speed_breakout_$1$2.md"
 }
 
 peer && step gpu_speed 240 $PY -m bench.gpu_speed --purejaxrl_dir="$PEER" \
-  --num_seeds=1,$MANY --minatar_seeds=1,64 --total_steps=$STEPS \
+  --num_seeds=1,$MANY --minatar_seeds=1,64 --total_steps=$STEPS_PER_SEED \
   --logdir="$OUT/runs_default" --out="$OUT/gpu_speed.md"
-step packed_carry 90 $PY -m bench.packed_carry --flagfile=$CFG --seed_counts=1,$MANY \
-  --total_steps=$PACKED_STEPS --repeats=2 --out="$OUT/packed_carry.md"
-step fused_loss 120 $PY -m bench.fused_loss --flagfile=$CFG --seed_counts=1,$MANY \
-  --total_steps=$FUSED_STEPS --num_warps=8 --out="$OUT/fused_loss.md"
-peer && step gpu_speed_fused_loss 150 $PY -m bench.gpu_speed --purejaxrl_dir="$PEER" \
-  --num_seeds=1,$MANY --minatar_seeds= --total_steps=$STEPS --extra_flags=--fused_loss \
-  --logdir="$OUT/runs_fused_loss" --out="$OUT/gpu_speed_fused_loss.md"
-breakout lax_conv ""
-breakout patches ""
-step kernel_times_breakout 60 $PY -m bench.kernel_times --flagfile=$CFG \
-  --env=gymnax:Breakout-MinAtar --total_steps=$TRACED_STEPS --out="$OUT/kernel_times_breakout.md"
-step kernel_times_many_fused 60 $PY -m bench.kernel_times --flagfile=$CFG --num_seeds=$MANY \
-  --total_steps=$TRACED_STEPS --fused_loss --out="$OUT/kernel_times_many_fused.md"
 PEER_FLAG=""
 peer && PEER_FLAG="--purejaxrl_dir=$PEER"
 step kernel_times_many_xla 90 $PY -m bench.kernel_times --flagfile=$CFG --num_seeds=$MANY \
   --total_steps=$TRACED_STEPS $PEER_FLAG --out="$OUT/kernel_times_many_xla.md"
+step kernel_times_breakout 60 $PY -m bench.kernel_times --flagfile=$CFG \
+  --env=gymnax:Breakout-MinAtar --total_steps=$TRACED_STEPS --out="$OUT/kernel_times_breakout.md"
+step fused_loss 120 $PY -m bench.fused_loss --flagfile=$CFG --seed_counts=1,$MANY \
+  --total_steps=$FUSED_STEPS --num_warps=8 --out="$OUT/fused_loss.md"
+peer && step gpu_speed_fused_loss 150 $PY -m bench.gpu_speed --purejaxrl_dir="$PEER" \
+  --num_seeds=1,$MANY --minatar_seeds= --total_steps=$STEPS_PER_SEED --extra_flags=--fused_loss \
+  --logdir="$OUT/runs_fused_loss" --out="$OUT/gpu_speed_fused_loss.md"
+step packed_carry 90 $PY -m bench.packed_carry --flagfile=$CFG --seed_counts=1,$MANY \
+  --total_steps=$PACKED_STEPS --repeats=2 --out="$OUT/packed_carry.md"
+breakout lax_conv ""
+breakout patches ""
 breakout lax_conv _2
 breakout patches _2
+step kernel_times_many_fused 60 $PY -m bench.kernel_times --flagfile=$CFG --num_seeds=$MANY \
+  --total_steps=$TRACED_STEPS --fused_loss --out="$OUT/kernel_times_many_fused.md"
 peer && step compile_time 90 $PY -m bench.compile_time --flagfile=$CFG --num_seeds=$MANY \
-  --total_steps=$STEPS --repeats=1 --purejaxrl_dir="$PEER" --out="$OUT/compile_time.md"
+  --total_steps=$STEPS_PER_SEED --repeats=1 --purejaxrl_dir="$PEER" --out="$OUT/compile_time.md"
 echo "== done at $(( $(date +%s) - START )) s" | tee -a "$OUT/log.txt"

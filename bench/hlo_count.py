@@ -171,12 +171,13 @@ def kernels(name: str, computations: Dict[str, List[str]],
   `per_iteration` counts a conditional's largest branch (an iteration that
   learns, say); `per_iteration_min` its smallest (one that does not);
   `bytes_per_iteration` and `bytes_per_iteration_min` the modelled traffic
-  of the same kernels (the branch with the most bytes, the fewest).
+  of the same kernels (the branch with the most bytes, the fewest);
+  `copy_bytes_per_iteration` the part of `bytes_per_iteration` that copies move.
   """
   shapes = module_shapes(computations) if shapes is None else shapes
   totals = ("per_iteration", "per_iteration_min", "bytes_per_iteration",
             "bytes_per_iteration_min")
-  counts = collections.Counter(dict.fromkeys(totals, 0))
+  counts = collections.Counter(dict.fromkeys(totals + ("copy_bytes_per_iteration",), 0))
   for line in computations[name]:
     rhs = line.split(" = ", 1)[1]
     opcode = _opcode(rhs)
@@ -188,9 +189,9 @@ def kernels(name: str, computations: Dict[str, List[str]],
       trips = _TRIPS.search(line)
       body = kernels(called["body"], computations, shapes)
       condition = kernels(called["condition"], computations, shapes)
-      for total in totals:
+      for total in totals + ("copy_bytes_per_iteration",):
         counts[total] += (int(trips.group(1)) if trips else 1) * (
-            body[total] + condition[total]) + (0 if total.startswith("bytes") else 1)
+            body[total] + condition[total]) + (0 if "bytes" in total else 1)
     elif opcode == "conditional":
       counts["conditional"] += 1
       branches = _BRANCHES.search(line)
@@ -199,17 +200,20 @@ def kernels(name: str, computations: Dict[str, List[str]],
       runs = [kernels(b, computations, shapes) for b in names]
       counts["per_iteration"] += 1 + max(r["per_iteration"] for r in runs)
       counts["per_iteration_min"] += 1 + min(r["per_iteration_min"] for r in runs)
-      counts["bytes_per_iteration"] += max(r["bytes_per_iteration"] for r in runs)
+      most = max(runs, key=lambda r: r["bytes_per_iteration"])
+      counts["bytes_per_iteration"] += most["bytes_per_iteration"]
+      counts["copy_bytes_per_iteration"] += most["copy_bytes_per_iteration"]
       counts["bytes_per_iteration_min"] += min(r["bytes_per_iteration_min"] for r in runs)
     elif opcode == "call":
       callee = kernels(called["to_apply"], computations, shapes)
-      for total in totals:
+      for total in totals + ("copy_bytes_per_iteration",):
         counts[total] += callee[total]
     else:
       counts["fusion" if opcode == "fusion" else
              "custom-call" if opcode == "custom-call" else "unfused"] += 1
       counts["copy"] += opcode == "copy"  # Copies among the unfused ops (this level's).
       accessed = kernel_bytes(line, computations, shapes)
+      counts["copy_bytes_per_iteration"] += accessed if opcode == "copy" else 0
       for total in totals:
         counts[total] += accessed if total.startswith("bytes") else 1
   return dict(counts)
@@ -269,6 +273,6 @@ def iteration_body(text: str) -> Dict[str, int]:
   counts = kernels(called["body"], computations, shapes)
   condition = kernels(called["condition"], computations, shapes)
   for total in ("per_iteration", "per_iteration_min", "bytes_per_iteration",
-                "bytes_per_iteration_min"):
+                "bytes_per_iteration_min", "copy_bytes_per_iteration"):
     counts[total] += condition[total]
   return counts

@@ -542,6 +542,8 @@ def test_hlo_kernels_counts_what_one_iteration_runs_in_a_small_hand_counted_modu
   # conditional (1 + its branch) + the scan's own condition (1): 2 + 16 + 3 + 1 learning,
   # 2 + 16 + 1 + 1 not.
   assert (counts["per_iteration"], counts["per_iteration_min"]) == (22, 20)
+  # The one copy reads and writes f32[4] each iteration: 16 + 16 bytes.
+  assert counts["copy_bytes_per_iteration"] == 32
   assert hlo_count.entry_trip_counts(_HLO) == [3]  # The entry's loop; the nested one is not.
 
 
