@@ -88,7 +88,7 @@ peer && step gpu_speed 240 $PY -m bench.gpu_speed --purejaxrl_dir="$PEER" \
 PEER_FLAG=""
 peer && PEER_FLAG="--purejaxrl_dir=$PEER"
 step kernel_times_many_xla 90 $PY -m bench.kernel_times --flagfile=$CFG --num_seeds=$MANY \
-  --total_steps=$TRACED_STEPS $PEER_FLAG --out="$OUT/kernel_times_many_xla.md"
+  --total_steps=$TRACED_STEPS --top=40 $PEER_FLAG --out="$OUT/kernel_times_many_xla.md"
 step kernel_times_breakout 60 $PY -m bench.kernel_times --flagfile=$CFG \
   --env=gymnax:Breakout-MinAtar --total_steps=$TRACED_STEPS --out="$OUT/kernel_times_breakout.md"
 step fused_loss 120 $PY -m bench.fused_loss --flagfile=$CFG --seed_counts=1,$MANY \

@@ -15,7 +15,10 @@ slice into an operand (which XLA runs in place) reads and writes only its
 update. A kernel that waits on launch latency (one seed on a GPU) costs its
 count; one that streams a batch of seeds' parameters and activations costs
 its bytes. The model counts no cache and no re-read inside a kernel (a
-matmul's tiles).
+matmul's tiles). `copy_bytes_per_iteration` is the part of
+`bytes_per_iteration` that copies move: a copy streams at about the
+memory's bandwidth, where the other kernels' arithmetic and access
+patterns set their pace.
 """
 
 import collections
@@ -177,7 +180,8 @@ def kernels(name: str, computations: Dict[str, List[str]],
   shapes = module_shapes(computations) if shapes is None else shapes
   totals = ("per_iteration", "per_iteration_min", "bytes_per_iteration",
             "bytes_per_iteration_min")
-  counts = collections.Counter(dict.fromkeys(totals + ("copy_bytes_per_iteration",), 0))
+  summed = totals + ("copy_bytes_per_iteration",)  # What loops and calls add up.
+  counts = collections.Counter(dict.fromkeys(summed, 0))
   for line in computations[name]:
     rhs = line.split(" = ", 1)[1]
     opcode = _opcode(rhs)
@@ -189,7 +193,7 @@ def kernels(name: str, computations: Dict[str, List[str]],
       trips = _TRIPS.search(line)
       body = kernels(called["body"], computations, shapes)
       condition = kernels(called["condition"], computations, shapes)
-      for total in totals + ("copy_bytes_per_iteration",):
+      for total in summed:
         counts[total] += (int(trips.group(1)) if trips else 1) * (
             body[total] + condition[total]) + (0 if "bytes" in total else 1)
     elif opcode == "conditional":
@@ -206,7 +210,7 @@ def kernels(name: str, computations: Dict[str, List[str]],
       counts["bytes_per_iteration_min"] += min(r["bytes_per_iteration_min"] for r in runs)
     elif opcode == "call":
       callee = kernels(called["to_apply"], computations, shapes)
-      for total in totals + ("copy_bytes_per_iteration",):
+      for total in summed:
         counts[total] += callee[total]
     else:
       counts["fusion" if opcode == "fusion" else
