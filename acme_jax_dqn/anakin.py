@@ -210,7 +210,8 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
   def learn(state: AnakinState):
     if learner_calls_per_iteration == 1:
       return learn_once(state, None)
-    state, metrics = jax.lax.scan(learn_once, state, None, length=learner_calls_per_iteration)
+    state, metrics = jax.lax.scan(learning.traced_anew(learn_once), state, None,
+                                  length=learner_calls_per_iteration)
     return state, jax.tree.map(jnp.mean, metrics)
 
   metric_shapes = jax.eval_shape(lambda s: learn(s)[1], jax.eval_shape(init, seeding.key_shape()))

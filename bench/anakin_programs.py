@@ -6,7 +6,8 @@ for a block of seeds on one device (one seed unbatched, more vmapped, as
 structure (warm-up as loops of its own or a conditional, acting apart, the
 carry packed or plain) and XLA compiler options of that program's compile alone (init compiles once,
 with XLA's defaults, and every run includes it). `timed_rounds` calls them
-in turn; bench/warmup_loops.py, bench/compiler_options.py and bench/packed_carry.py time them.
+in turn; bench/warmup_loops.py, bench/compiler_options.py, bench/packed_carry.py and
+bench/target_update.py time them (the last two through `compare_pair`).
 `parse_options` reads compiler options as bench/compiler_options.py takes
 them. Each program's module is named for what it is (`init`, `chunk_warmup_<n>`, or
 `chunk_conditional` where a conditional decides each iteration's learning), so that a
@@ -14,27 +15,34 @@ profiler's trace tells their kernels apart (bench/kernel_times.py).
 """
 
 import functools
+import statistics
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import jax
 import numpy as np
 
+from acme_jax_dqn import checkpointing
 from acme_jax_dqn import envs
 from acme_jax_dqn import seeding
+from acme_jax_dqn import xla_setup
 from agents.dqn import seed_layout
 from agents.dqn.anakin import AnakinPlan
 from agents.dqn.builder import DQNBuilder
+from bench import harness
+from bench import hlo_count
 
 
 class Variant(NamedTuple):
   """How a chunk program is built: the warm-up as loops of its own, acting apart, the loops'
-  carry packed (`acme_jax_dqn.anakin_loops.carry_scan`; these three None: the run's default
-  for the layout), XLA compiler options of its compile (None: XLA's defaults)."""
+  carry packed (`acme_jax_dqn.anakin_loops.carry_scan`), the target update in a loop
+  (`agents.dqn.seed_layout.target_update_loop`; these four None: the run's default for the
+  layout), XLA compiler options of its compile (None: XLA's defaults)."""
   loops: Optional[bool] = None
   apart: Optional[bool] = None
   options: Optional[Dict[str, Any]] = None
   packed: Optional[bool] = None
+  target_loop: Optional[bool] = None
 
 
 STRUCTURES = {"conditional": Variant(False, False), "loops": Variant(True, False),
@@ -75,13 +83,14 @@ def programs(experiment, config, num_seeds: int, variants=None):
   state_shape = jax.eval_shape(init_fn, keys)
   init = init_fn.lower(keys).compile()
   out = {}
-  for name, (loops, apart, options, packed) in (variants or STRUCTURES).items():
+  for name, (loops, apart, options, packed, target_loop) in (variants or STRUCTURES).items():
     if loops is None:
       loops = seed_layout.warmup_loops(batched)
     warmups = plan.chunk_warmups(trainer, loops)
     compiled, start = {}, time.perf_counter()
     for warmup in dict.fromkeys(warmups):
-      chunk = named(plan.chunk_fn(trainer, warmup, batched, apart, packed),
+      chunk = named(plan.chunk_fn(trainer, warmup, batched, acting_apart=apart,
+                                  packed_carry=packed, target_loop=target_loop),
                     "chunk_conditional" if warmup is None else f"chunk_warmup_{warmup}")
       compiled[warmup] = jax.jit(chunk, donate_argnums=0).lower(state_shape, np.int32(0)).compile(
                                      compiler_options=options or None)
@@ -113,6 +122,48 @@ def timed_rounds(progs, repeats: int) -> Tuple[Dict[str, List[float]], Dict[str,
       if repeat:
         times[name].append(time.perf_counter() - start)
   return times, results
+
+
+def compare_pair(experiment, config, counts: List[int], repeats: int, variants, caption: str,
+                 out: str) -> None:
+  """Times two variants (`{name: Variant}`, the baseline first) of the run's chunk programs at
+  each of `counts` seeds on one device, called in turn (`timed_rounds`), and writes the table to
+  `out`: each program's kernels per iteration and modelled MB of an iteration that learns with
+  no update due (`hlo_count`, the loop with the most iterations of its last chunk program), its
+  compile and run seconds, the median of the rounds' ratios (env steps/s, the second over the
+  first) and whether both trained the same parameters. `caption` says what the two are."""
+  first, second = variants
+
+  def counted(program: Program) -> str:
+    counts = hlo_count.iteration_body(program.texts[-1])
+    return (f"{counts['per_iteration']} ({counts['copy']} copies), "
+            f"{counts['bytes_per_iteration_not_due'] / 1e6:,.1f} MB")
+
+  table = harness.PrintedTable(
+      ["seeds", f"kernels per iteration (top-level copies), MB, {first}", second,
+       f"compile s ({first}, {second})", f"{first} s", f"{second} s",
+       f"{second} / {first} (env steps/s)", "same params"], summary=harness.jax_here())
+  medians = []
+  for num_seeds in counts:
+    with xla_setup.prng_impl(experiment.prng_impl):
+      progs, plan, _ = programs(experiment, config, num_seeds, variants)
+      times, results = timed_rounds(progs, repeats)
+    ratios = [a / b for a, b in zip(times[first], times[second])]
+    medians.append(statistics.median(ratios))
+    same = len({checkpointing.params_checksum(r[0]) for r in results.values()}) == 1
+    table.add(
+        f"| {num_seeds} | {counted(progs[first])} | {counted(progs[second])} | "
+        f"{progs[first].compile_s:.1f}, {progs[second].compile_s:.1f} | "
+        f"{statistics.median(times[first]):.2f} | {statistics.median(times[second]):.2f} | "
+        f"{medians[-1]:.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | "
+        f"{'yes' if same else 'NO'} |")
+  table.close(
+      out,
+      f"compared: the run's chunk programs for the command's run flags, {plan.num_chunks} "
+      f"chunk(s) of {plan.iterations_per_chunk:,} iterations ({plan.env_steps:,} env steps per "
+      f"seed), {caption}, then called in turn, {repeats} timed rounds per seed count after a "
+      f"warm-up round; the medians of the rounds' ratios, {second} / {first}: "
+      + ", ".join(f"{n} seed(s) {m:.2f}x" for n, m in zip(counts, medians)) + ".")
 
 
 Options = Dict[str, Union[bool, str]]

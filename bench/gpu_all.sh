@@ -9,14 +9,16 @@
 # DEADLINE       seconds for the whole script (default: 560); a step that would start with
 #                under 30 s left is skipped, and each step's cap is cut to what is left (less
 #                10 s in which a step that was told to stop finishes its checkpoint)
-# TINY=1         small sizes (8 seeds for 2,048; 20,000 env steps, 5,000 for the fused-loss
-#                and packed-carry benches, 4,000 traced), to check the script
+# TINY=1         small sizes (8 seeds for 2,048; 20,000 env steps, 5,000 for the fused-loss,
+#                target-update and packed-carry benches, 4,000 traced), to check the script
 # PYTHON         the interpreter (default: python3)
 # .whl/          wheels installed first, where present (bench/gpu_wheels.sh fetches them), for a
 #                GPU host that cannot reach a package index; WHEELS=0 leaves them (they are for
 #                the GPU host's Python 3.12: a tiny run on another Python skips them)
 #
-# In order: ours beside PureJaxRL at the defaults (every goal); where the device's time goes
+# In order: ours beside PureJaxRL at the defaults (every goal); the target update as a select
+# in every learner step and in a loop that runs when it is due, at 2,048 seeds; where the
+# device's time goes
 # (bench/kernel_times.py) on CartPole at 2,048 seeds beside PureJaxRL's kernels (each op with
 # its modelled bytes), then on Breakout at one seed; the fused loss against XLA's (one batch,
 # then the run's programs); ours beside PureJaxRL with the fused loss; the loops' carry packed
@@ -85,6 +87,8 @@ breakout() {  # breakout CONV_IMPL SUFFIX
 peer && step gpu_speed 240 $PY -m bench.gpu_speed --purejaxrl_dir="$PEER" \
   --num_seeds=1,$MANY --minatar_seeds=1,64 --total_steps=$STEPS_PER_SEED \
   --logdir="$OUT/runs_default" --out="$OUT/gpu_speed.md"
+step target_update 100 $PY -m bench.target_update --flagfile=$CFG --seed_counts=$MANY \
+  --total_steps=$PACKED_STEPS --repeats=2 --out="$OUT/target_update.md"
 PEER_FLAG=""
 peer && PEER_FLAG="--purejaxrl_dir=$PEER"
 step kernel_times_many_xla 90 $PY -m bench.kernel_times --flagfile=$CFG --num_seeds=$MANY \

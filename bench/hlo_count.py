@@ -18,7 +18,10 @@ its bytes. The model counts no cache and no re-read inside a kernel (a
 matmul's tiles). `copy_bytes_per_iteration` is the part of
 `bytes_per_iteration` that copies move: a copy streams at about the
 memory's bandwidth, where the other kernels' arithmetic and access
-patterns set their pace.
+patterns set their pace. A nested loop whose trip count XLA does not know
+counts one trip, and `bytes_per_iteration_not_due` counts none (its test
+alone): such a loop runs only when something is due, as the target update
+in a loop (`acme_jax_dqn.learning.target_update_in_loop`) does.
 """
 
 import collections
@@ -175,12 +178,15 @@ def kernels(name: str, computations: Dict[str, List[str]],
   learns, say); `per_iteration_min` its smallest (one that does not);
   `bytes_per_iteration` and `bytes_per_iteration_min` the modelled traffic
   of the same kernels (the branch with the most bytes, the fewest);
-  `copy_bytes_per_iteration` the part of `bytes_per_iteration` that copies move.
+  `copy_bytes_per_iteration` the part of `bytes_per_iteration` that copies move;
+  `bytes_per_iteration_not_due` those of `bytes_per_iteration`'s kernels when every loop of
+  unknown trip count runs no trip.
   """
   shapes = module_shapes(computations) if shapes is None else shapes
   totals = ("per_iteration", "per_iteration_min", "bytes_per_iteration",
             "bytes_per_iteration_min")
-  summed = totals + ("copy_bytes_per_iteration",)  # What loops and calls add up.
+  # What loops and calls add up.
+  summed = totals + ("copy_bytes_per_iteration", "bytes_per_iteration_not_due")
   counts = collections.Counter(dict.fromkeys(summed, 0))
   for line in computations[name]:
     rhs = line.split(" = ", 1)[1]
@@ -194,6 +200,9 @@ def kernels(name: str, computations: Dict[str, List[str]],
       body = kernels(called["body"], computations, shapes)
       condition = kernels(called["condition"], computations, shapes)
       for total in summed:
+        if total == "bytes_per_iteration_not_due" and not trips:
+          counts[total] += condition[total]  # No trip: its test alone.
+          continue
         counts[total] += (int(trips.group(1)) if trips else 1) * (
             body[total] + condition[total]) + (0 if "bytes" in total else 1)
     elif opcode == "conditional":
@@ -206,7 +215,8 @@ def kernels(name: str, computations: Dict[str, List[str]],
       counts["per_iteration_min"] += 1 + min(r["per_iteration_min"] for r in runs)
       most = max(runs, key=lambda r: r["bytes_per_iteration"])
       counts["bytes_per_iteration"] += most["bytes_per_iteration"]
-      counts["copy_bytes_per_iteration"] += most["copy_bytes_per_iteration"]
+      for total in ("copy_bytes_per_iteration", "bytes_per_iteration_not_due"):
+        counts[total] += most[total]
       counts["bytes_per_iteration_min"] += min(r["bytes_per_iteration_min"] for r in runs)
     elif opcode == "call":
       callee = kernels(called["to_apply"], computations, shapes)
@@ -218,7 +228,7 @@ def kernels(name: str, computations: Dict[str, List[str]],
       counts["copy"] += opcode == "copy"  # Copies among the unfused ops (this level's).
       accessed = kernel_bytes(line, computations, shapes)
       counts["copy_bytes_per_iteration"] += accessed if opcode == "copy" else 0
-      for total in totals:
+      for total in totals + ("bytes_per_iteration_not_due",):
         counts[total] += accessed if total.startswith("bytes") else 1
   return dict(counts)
 
@@ -277,6 +287,7 @@ def iteration_body(text: str) -> Dict[str, int]:
   counts = kernels(called["body"], computations, shapes)
   condition = kernels(called["condition"], computations, shapes)
   for total in ("per_iteration", "per_iteration_min", "bytes_per_iteration",
-                "bytes_per_iteration_min", "copy_bytes_per_iteration"):
+                "bytes_per_iteration_min", "copy_bytes_per_iteration",
+                "bytes_per_iteration_not_due"):
     counts[total] += condition[total]
   return counts

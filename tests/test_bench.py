@@ -244,9 +244,30 @@ def test_the_packed_carry_bench_counts_fewer_copies_and_trains_the_same_paramete
           if line.startswith("| 2 |")]
   assert len(rows) == 1, rows
   (plain, plain_copies), (packed, packed_copies) = [
-      map(int, re.fullmatch(r"(\d+) \((\d+) copies\)", cell).groups()) for cell in rows[0][1:3]]
+      map(int, re.fullmatch(r"(\d+) \((\d+) copies\), [\d,.]+ MB", cell).groups()[:2])
+      for cell in rows[0][1:3]]
   assert min(packed, plain) > 0 and packed_copies < plain_copies, rows
   assert rows[0][-1] == "yes", rows
+
+
+def test_the_target_update_bench_models_fewer_bytes_in_the_loop_and_trains_the_same(tmp_path):
+  """Two seeds on one CPU device: the run's chunk programs with the target update in a loop
+  model fewer bytes for a learning iteration with no update due than with the select in every
+  step, and train the same parameters (the target moves in the run: every 50 learner steps)."""
+  out = tmp_path / "target_update.md"
+  subprocess.run(
+      [sys.executable, "-m", "bench.target_update",
+       "--flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg", "--seed_counts=2",
+       "--total_steps=1200", "--min_replay_size=400", "--log_every=400", "--repeats=1",
+       f"--out={out}"], cwd=ROOT, check=True, capture_output=True, text=True, timeout=300)
+  rows = [[c.strip() for c in line.split("|")[1:-1]] for line in out.read_text().splitlines()
+          if line.startswith("| 2 |")]
+  assert len(rows) == 1, rows
+  select_mb, loop_mb = [float(re.fullmatch(r"\d+ \(\d+ copies\), ([\d,.]+) MB", cell)
+                              .group(1).replace(",", "")) for cell in rows[0][1:3]]
+  assert 0 < loop_mb < select_mb, rows
+  assert rows[0][-1] == "yes", rows
+  assert "every 50 learner steps" in out.read_text()
 
 
 def test_the_compiler_options_bench_compiles_the_run_chunks_with_each_option_set(tmp_path):
@@ -445,6 +466,7 @@ def test_the_compile_time_bench_times_three_schedules_of_the_run_dqn_build(tmp_p
     ("warmup_loops", ["--pqn"], "--pqn: PQN learns every iteration and has no warm-up"),
     ("packed_carry", ["--repeats=0"], "--repeats=0: at least 1 timed pair is needed."),
     ("packed_carry", ["--seed_counts=two"], "--seed_counts=two: give counts of 1 or more."),
+    ("target_update", ["--repeats=0"], "--repeats=0: at least 1 timed pair is needed."),
     ("compiler_options", ["--variants="], "--variants is empty: give at least one option set"),
     ("compiler_options", ["--variants=novalue"], "--variants: 'novalue' is not name=value"),
     ("compiler_options", ["--variants=xla_cpu_no_such_option=1"],
@@ -720,6 +742,61 @@ def test_hlo_count_models_the_bytes_an_iteration_reads_and_writes_in_a_hand_coun
       128 + 32 + 128, 32 + 4 + 32, 16 + 64 + 4 + 1600 + 64 + 8, 128, 64 + 64)
   assert not {"b.inner", "b.branch", "m.loop"} & set(ops)
   assert not [op for op in ops if op.startswith("g.")], ops
+
+
+# A scan (4 trips) whose body runs a copy and a loop whose trip count XLA does not know (a
+# copy in its body, a test in its condition), as the target update in a loop compiles.
+_DUE_HLO = """HloModule due
+
+%due_body (d.state: (pred[], f32[16])) -> (pred[], f32[16]) {
+  %d.state = (pred[], f32[16]{0}) parameter(0)
+  %d.v = f32[16]{0} get-tuple-element(%d.state), index=1
+  %d.moved = f32[16]{0} copy(%d.v)
+  %d.no = pred[] constant(false)
+  ROOT %d.next = (pred[], f32[16]{0}) tuple(%d.no, %d.moved)
+}
+
+%due_cond (e.state: (pred[], f32[16])) -> pred[] {
+  %e.state = (pred[], f32[16]{0}) parameter(0)
+  %e.p = pred[] get-tuple-element(%e.state), index=0
+  ROOT %e.test = pred[] fusion(%e.p), kind=kLoop, calls=%same
+}
+
+%body (b.state: (s32[], f32[16])) -> (s32[], f32[16]) {
+  %b.state = (s32[], f32[16]{0}) parameter(0)
+  %b.i = s32[] get-tuple-element(%b.state), index=0
+  %b.v = f32[16]{0} get-tuple-element(%b.state), index=1
+  %b.copy = f32[16]{0} copy(%b.v)
+  %b.p = pred[] fusion(%b.i), kind=kLoop, calls=%less
+  %b.start = (pred[], f32[16]{0}) tuple(%b.p, %b.copy)
+  %b.due = (pred[], f32[16]{0}) while(%b.start), condition=%due_cond, body=%due_body
+  %b.out = f32[16]{0} get-tuple-element(%b.due), index=1
+  ROOT %b.next = (s32[], f32[16]{0}) tuple(%b.i, %b.out)
+}
+
+%cond (c.state: (s32[], f32[16])) -> pred[] {
+  %c.state = (s32[], f32[16]{0}) parameter(0)
+  %c.i = s32[] get-tuple-element(%c.state), index=0
+  ROOT %c.lt = pred[] fusion(%c.i), kind=kLoop, calls=%less
+}
+
+ENTRY %main (m.state: (s32[], f32[16])) -> (s32[], f32[16]) {
+  %m.state = (s32[], f32[16]{0}) parameter(0)
+  ROOT %m.loop = (s32[], f32[16]{0}) while(%m.state), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"4"}}
+}
+"""
+
+
+def test_hlo_count_runs_a_loop_of_unknown_trip_count_once_and_not_where_no_update_is_due():
+  counts = hlo_count.iteration_body(_DUE_HLO)
+  # Each iteration: the copy (64 + 64), the predicate (4 + 1), the loop's test (1 + 1) and the
+  # scan's test (4 + 1); the loop's body, a copy (64 + 64), once where an update is due.
+  not_due = (64 + 64) + (4 + 1) + (1 + 1) + (4 + 1)
+  assert counts["bytes_per_iteration_not_due"] == not_due
+  assert counts["bytes_per_iteration"] == not_due + 128
+  assert counts["copy_bytes_per_iteration"] == 128 + 128
+  # Kernels: copy, predicate, the loop (one trip: body copy + test, + 1), the scan's test.
+  assert counts["per_iteration"] == 2 + 3 + 1
 
 
 @pytest.mark.parametrize("num_seeds, unroll, conditionals", [(1, 1, 1), (2, 1, 0), (1, 2, 2)])

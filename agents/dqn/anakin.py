@@ -44,19 +44,19 @@ from agents.dqn.run_loop import Source
 
 def chunk_fn(trainer: anakin_lib.Anakin, num_iterations: int, warmup: Optional[int],
              batched: bool, unroll: int = 1, acting_apart: Optional[bool] = None,
-             packed_carry: Optional[bool] = None):
+             packed_carry: Optional[bool] = None, target_loop: Optional[bool] = None):
   """`(state, first_iteration) -> (state, metrics)`: a chunk of `num_iterations` over a device's
   block of seeds (`warmup`, `unroll`, `acting_apart`, `packed_carry`: see
-  `acme_jax_dqn.anakin.Anakin.train_chunk`; None: `seed_layout.acting_apart`,
-  `seed_layout.packed_carry`)."""
-  if acting_apart is None:
-    acting_apart = seed_layout.acting_apart(batched)
-  if packed_carry is None:
-    packed_carry = seed_layout.packed_carry(batched)
-  return seed_layout.over_seeds(
+  `acme_jax_dqn.anakin.Anakin.train_chunk`; `target_loop`: `seed_layout.target_update_loop`;
+  None: the `seed_layout` function of that name)."""
+  acting_apart = seed_layout.acting_apart(batched) if acting_apart is None else acting_apart
+  packed_carry = seed_layout.packed_carry(batched) if packed_carry is None else packed_carry
+  if target_loop is None:
+    target_loop = seed_layout.target_update_loop(batched)
+  return seed_layout.with_target_loop(seed_layout.over_seeds(
       functools.partial(trainer.train_chunk, num_iterations=num_iterations, warmup=warmup,
                         unroll=unroll, acting_apart=acting_apart, packed_carry=packed_carry),
-      batched, in_axes=(0, None))
+      batched, in_axes=(0, None)), target_loop)
 
 
 class AnakinPlan:
@@ -93,10 +93,10 @@ class AnakinPlan:
             for c in range(self.num_chunks)]
 
   def chunk_fn(self, trainer: anakin_lib.Anakin, warmup: Optional[int], batched: bool,
-               acting_apart: Optional[bool] = None, packed_carry: Optional[bool] = None):
-    """`(state, first_iteration) -> (state, metrics)`: one chunk over a device's block of seeds."""
-    return chunk_fn(trainer, self.iterations_per_chunk, warmup, batched, self.unroll,
-                    acting_apart, packed_carry)
+               **structure):
+    """`(state, first_iteration) -> (state, metrics)`: one chunk over a device's block of seeds
+    (`structure`: `chunk_fn`'s `acting_apart`, `packed_carry`, `target_loop`)."""
+    return chunk_fn(trainer, self.iterations_per_chunk, warmup, batched, self.unroll, **structure)
 
   def as_dict(self) -> Dict[str, int]:
     """What a resumed run must share with the saved one (its compiled chunk and budget)."""

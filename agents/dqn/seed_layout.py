@@ -14,6 +14,7 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from acme_jax_dqn import learning
 from acme_jax_dqn import loggers
 from acme_jax_dqn import xla_setup
 from agents.dqn.config import SMALLER_NETWORK, ConfigError, DQNConfig
@@ -235,6 +236,37 @@ def packed_carry(batched: bool) -> bool:
   0.7-1.7 s longer). The computation is the same, bit for bit on the CPU.
   """
   return not batched
+
+
+def target_update_loop(batched: bool) -> bool:
+  """Whether the training chunk moves the target network in a loop that runs only when an
+  update is due (`acme_jax_dqn.learning.target_update_in_loop`): for a batch of seeds on an
+  accelerator.
+
+  Otherwise every learner step selects between the new target and the old,
+  element by element, which over a batch of seeds reads and writes every
+  seed's target in every step. Compiled for an H200 (bench/hlo_kernels.py
+  --target=h200, the PureJaxRL preset, 2,048 seeds, a hard update every 50
+  steps), a learning iteration with no update due moves 3,539.6 modelled MB
+  with the loop against 3,718.7 with the select (1,199.1 against 1,378.2
+  with `fused_loss`). The loop costs every step a test of its predicate,
+  which an accelerator's host reads: that matters where an iteration's time
+  is its launches (one seed), so one seed keeps the select. So does the
+  CPU: 32 seeds on one CPU device ran 1.01x (0.97-1.07x) with the loop
+  (bench/target_update.py). The same values either way.
+  """
+  return batched and xla_setup.target_platform() != "cpu"
+
+
+def with_target_loop(fn, target_loop: bool):
+  """`fn`, traced within `learning.target_update_in_loop` where `target_loop`."""
+  if not target_loop:
+    return fn
+
+  def traced_with_target_loop(*args):
+    with learning.target_update_in_loop():
+      return fn(*args)
+  return traced_with_target_loop
 
 
 def over_seeds(fn, batched: bool, in_axes=0):

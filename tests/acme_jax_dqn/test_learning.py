@@ -32,6 +32,35 @@ def test_polyak_target_update_is_exact_average():
   jax.tree.map(lambda x: np.testing.assert_allclose(x, 8.0, rtol=1e-7), new)
 
 
+@pytest.mark.parametrize("tau", [1.0, 0.25])
+def test_target_update_in_a_loop_gives_the_selects_values_seed_by_seed(tau):
+  """Within `target_update_in_loop` the update is a loop (one `while` in the program, none
+  without), and vmapped over seeds whose updates fall due at different steps it moves each
+  seed's target as the select does: the due seeds' (an exact copy, or the Polyak average
+  optax computes), the others' not at all, and none when no seed is due."""
+  seeds = 4
+  online = jax.tree.map(lambda *xs: jnp.stack(xs), *[_tree(2.0 + i) for i in range(seeds)])
+  target = jax.tree.map(lambda x: jnp.stack([x] * seeds), _tree(-3.0))
+  def updated(steps):  # (target, `while` loops in the program), traced anew (jit's cache).
+    update = jax.jit(jax.vmap(lambda o, t, n: learning.update_target(o, t, n, 3, tau)))
+    text = update.lower(online, target, steps).as_text()
+    return update(online, target, steps), text.count("stablehlo.while")
+
+  for steps in ([3, 4, 5, 6], [1, 2, 4, 5]):
+    steps = jnp.array(steps, jnp.int32)
+    due = np.asarray(steps) % 3 == 0
+    with learning.target_update_in_loop():
+      looped, loops = updated(steps)
+    selected, selects_loops = updated(steps)
+    assert (loops, selects_loops) == (1, 0)
+    _assert_trees_equal(looped, selected)
+    expected = jax.tree.map(
+        lambda o, t: jnp.where(due.reshape((seeds,) + (1,) * (o.ndim - 1)),
+                               optax.incremental_update(o, t, tau) if tau < 1 else o, t),
+        online, target)
+    _assert_trees_equal(looped, expected)
+
+
 def test_tree_packer_round_trips_mixed_dtypes_exactly():
   tree = {"f": jnp.arange(6.0).reshape(2, 3) / 7, "i": jnp.int32(5),
           "k": jax.random.PRNGKey(3), "g": jnp.ones((1,), jnp.float32)}
