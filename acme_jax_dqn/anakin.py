@@ -26,6 +26,7 @@ import optax
 from acme_jax_dqn import learning
 from acme_jax_dqn import replay as replay_lib
 from acme_jax_dqn import seeding
+from acme_jax_dqn import target_updates
 from acme_jax_dqn.anakin_loops import carry_scan, summed_scan, zeros_of_output
 from acme_jax_dqn.actors import PolicyFn
 from acme_jax_dqn.envs.gymnax_adapter import GymnaxEnv
@@ -210,7 +211,7 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
   def learn(state: AnakinState):
     if learner_calls_per_iteration == 1:
       return learn_once(state, None)
-    state, metrics = jax.lax.scan(learning.traced_anew(learn_once), state, None,
+    state, metrics = jax.lax.scan(target_updates.traced_anew(learn_once), state, None,
                                   length=learner_calls_per_iteration)
     return state, jax.tree.map(jnp.mean, metrics)
 

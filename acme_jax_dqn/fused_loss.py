@@ -27,7 +27,8 @@ for float32 matmuls on those GPUs).
 `jax.value_and_grad` of the loss takes the kernel's gradient
 (`jax.custom_vjp`): the learner step (`learning.make_sgd_step`), the
 optimiser, the non-finite guard and the target update are those of the XLA
-path.
+path, which takes its gradient norm from the squares the kernel sums as it
+writes the gradient (`LossExtras.grad_squared_norm`).
 """
 
 import dataclasses
@@ -53,8 +54,9 @@ from acme_jax_dqn.types import Params, Transition
 # float32 block takes 64 registers per thread with 8 warps; a thread has at most 255).
 NUM_WARPS = 8
 ROW_BLOCK = 128
-# The kernel's scalar outputs, in this order.
-STATS = ("loss", "td_error_mean", "td_error_abs_mean", "q_mean", "q_min", "q_max")
+# The kernel's scalar outputs, in this order (the last: `LossExtras.grad_squared_norm`).
+STATS = ("loss", "td_error_mean", "td_error_abs_mean", "q_mean", "q_min", "q_max",
+         "grad_squared_norm")
 _TORSO_LAYER = re.compile(r"^mlp_torso/.*linear_(\d+)$")
 _HEAD_LAYER = "q_head/linear"
 
@@ -253,9 +255,9 @@ def _kernel(*refs, sizes: Sequence[int], batch_size: int, double_q: bool,
     _store(grad_refs[2 * i], grads[2 * i], (sizes[i], sizes[i + 1]))
     _store(grad_refs[2 * i + 1], grads[2 * i + 1], (sizes[i + 1],))
   loss, td_sum, td_abs_sum, q_sum, q_min, q_max = totals
-  _store(stats_ref, _stat_vector(
+  _store(stats_ref, _stat_vector(  # The gradient's padding is 0 (masked inputs and weights).
       (loss / count, td_sum / count, td_abs_sum / count, q_sum / (batch_size * num_actions),
-       q_min, q_max), stats_ref.shape[0]), (len(STATS),))
+       q_min, q_max, sum(jnp.sum(g * g) for g in grads)), stats_ref.shape[0]), (len(STATS),))
 
 
 def _full(shape):
@@ -393,7 +395,6 @@ class FusedQLearningLoss:
     stats, td_error = _loss_and_stats(
         (self.double_q, self.huber_delta, interpret), layers(online_params),
         layers(jax.lax.stop_gradient(target_params)), batch_arrays)
-    metrics = {name: stats[i] for i, name in enumerate(STATS) if name != "loss"}
-    td_error = jax.lax.stop_gradient(td_error)
-    return stats[0], LossExtras(td_error=td_error, priorities=jnp.abs(td_error),
-                                metrics=metrics)
+    loss, (stats, td_error) = stats[0], jax.lax.stop_gradient((stats, td_error))
+    metrics = dict(zip(STATS[1:-1], stats[1:-1]))  # All but the loss and the gradient's norm.
+    return loss, LossExtras(td_error, jnp.abs(td_error), metrics, grad_squared_norm=stats[-1])

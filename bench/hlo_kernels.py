@@ -88,7 +88,7 @@ flags.DEFINE_enum("packed_carry", "auto", ["auto", "yes", "no"], "Whether the ch
                   "agents.dqn.seed_layout.packed_carry).")
 flags.DEFINE_enum("target_loop", "auto", ["auto", "yes", "no"], "Whether learner steps move "
                   "the target in a loop that runs only when an update is due "
-                  "(acme_jax_dqn.learning.target_update_in_loop; auto: as a run does, "
+                  "(acme_jax_dqn.target_updates.target_update_in_loop; auto: as a run does, "
                   "agents.dqn.seed_layout.target_update_loop).")
 flags.DEFINE_string("out", None, "Markdown table to write ('' : none; default "
                     "bench/results/hlo_kernels.md on the CPU, else hlo_kernels_<target or "

@@ -9,7 +9,7 @@ unbatched, more vmapped, as launch.run_dqn lays out a device's block) are
 compiled twice: with `update_target`'s element-wise select, which reads
 the online and target parameters and writes the target in every learner
 step, and with the update in a loop of 0 or 1 trips
-(`acme_jax_dqn.learning.target_update_in_loop`), which reads and writes
+(`acme_jax_dqn.target_updates.target_update_in_loop`), which reads and writes
 them only in the steps where an update is due and costs every step a test
 of the loop's predicate (on an accelerator, read by the host). Each
 program's kernels per iteration and modelled MB of a learning iteration

@@ -14,8 +14,8 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from acme_jax_dqn import learning
 from acme_jax_dqn import loggers
+from acme_jax_dqn import target_updates
 from acme_jax_dqn import xla_setup
 from agents.dqn.config import SMALLER_NETWORK, ConfigError, DQNConfig
 from agents.dqn.experiment_config import ExperimentConfig
@@ -240,7 +240,7 @@ def packed_carry(batched: bool) -> bool:
 
 def target_update_loop(batched: bool) -> bool:
   """Whether the training chunk moves the target network in a loop that runs only when an
-  update is due (`acme_jax_dqn.learning.target_update_in_loop`): for a batch of seeds on an
+  update is due (`acme_jax_dqn.target_updates.target_update_in_loop`): for a batch of seeds on an
   accelerator.
 
   Otherwise every learner step selects between the new target and the old,
@@ -259,12 +259,12 @@ def target_update_loop(batched: bool) -> bool:
 
 
 def with_target_loop(fn, target_loop: bool):
-  """`fn`, traced within `learning.target_update_in_loop` where `target_loop`."""
+  """`fn`, traced within `target_updates.target_update_in_loop` where `target_loop`."""
   if not target_loop:
     return fn
 
   def traced_with_target_loop(*args):
-    with learning.target_update_in_loop():
+    with target_updates.target_update_in_loop():
       return fn(*args)
   return traced_with_target_loop
 

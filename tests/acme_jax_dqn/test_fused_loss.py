@@ -11,9 +11,12 @@ import rlax
 from dm_env import specs as dm_specs
 
 from acme_jax_dqn import fused_loss
+from acme_jax_dqn import learning
 from acme_jax_dqn import losses
 from acme_jax_dqn import networks as networks_lib
+from acme_jax_dqn import replay as replay_lib
 from acme_jax_dqn import specs
+from acme_jax_dqn import trees
 from acme_jax_dqn.types import Transition
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import ConfigError, DQNConfig
@@ -61,6 +64,12 @@ def _assert_same(reference, fused, rtol=2e-5, atol=1e-6):
   assert jax.tree.structure(grads) == jax.tree.structure(ref_grads)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), grads,
                ref_grads)
+  # The kernel sums the squares of the gradient it writes; the XLA loss leaves the norm to
+  # the learner step.
+  assert ref_extras.grad_squared_norm is None
+  np.testing.assert_allclose(extras.grad_squared_norm, sum(
+      np.sum(np.square(np.asarray(g, np.float64))) for g in jax.tree.leaves(ref_grads)),
+                             rtol=2e-4)
 
 
 @pytest.mark.parametrize("double_q", [False, True])
@@ -168,6 +177,34 @@ def test_the_gradient_is_the_losss_finite_difference_and_scales_with_the_loss():
       params[layer] = dict(params[layer], w=params[layer]["w"].at[index].add(sign * eps))
     numeric = (float(value(bumped[0])) - float(value(bumped[1]))) / (2 * eps)
     np.testing.assert_allclose(float(grads[layer]["w"][index]), numeric, rtol=2e-2, atol=1e-4)
+
+
+def test_the_learner_step_takes_its_gradient_norm_from_the_kernel_not_a_second_read():
+  """With the fused loss the learner step's guard and `grad_norm` metric use the norm the
+  kernel summed, and never call the step's own gradient norm (a second read of every
+  gradient), which the XLA loss's step calls once; the metric is the norm of the gradient
+  rlax's loss gives through autodiff."""
+  net, online, target, batch, weights, mask = _problem(4, (16,), 2, 32, seed=5)
+  sample = replay_lib.ReplaySample(batch, jnp.arange(32), weights, mask)
+  optimizer = learning.make_optimizer(1e-3, max_grad_norm=0.0)
+  state = learning.init_training_state(net, optimizer, jax.random.PRNGKey(0))
+  state = state._replace(online_params=online, target_params=target)
+  reference = _value_and_grad(losses.QLearningLoss(), net, online, target, batch, weights, mask)
+  norms = {}
+  for name, loss in (("xla", losses.QLearningLoss()),
+                     ("fused", fused_loss.FusedQLearningLoss(interpret=True))):
+    calls = []
+
+    def norm(grads, calls=calls):
+      calls.append(1)
+      return trees.global_norm(grads)
+
+    step = learning.make_sgd_step(net, loss, optimizer, 2, 1.0, gradient_norm=norm)
+    _, metrics = jax.jit(step)(state, sample)
+    norms[name] = (len(calls), float(metrics["grad_norm"]))
+  expected = float(trees.global_norm(reference[1]))
+  assert norms["xla"][0] == 1 and norms["fused"][0] == 0
+  np.testing.assert_allclose([norms["xla"][1], norms["fused"][1]], expected, rtol=1e-4)
 
 
 def test_nothing_to_learn_from_gives_zero_loss_and_gradient_not_nan():

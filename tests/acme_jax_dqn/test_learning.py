@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from acme_jax_dqn import learning, replay as replay_lib, trees, xla_setup
+from acme_jax_dqn import learning, replay as replay_lib, target_updates, trees, xla_setup
 from acme_jax_dqn.types import Transition
 from agents.dqn import DQNBuilder, DQNConfig
 from acme_jax_dqn import specs
@@ -49,7 +49,7 @@ def test_target_update_in_a_loop_gives_the_selects_values_seed_by_seed(tau):
   for steps in ([3, 4, 5, 6], [1, 2, 4, 5]):
     steps = jnp.array(steps, jnp.int32)
     due = np.asarray(steps) % 3 == 0
-    with learning.target_update_in_loop():
+    with target_updates.target_update_in_loop():
       looped, loops = updated(steps)
     selected, selects_loops = updated(steps)
     assert (loops, selects_loops) == (1, 0)
