@@ -135,9 +135,9 @@ def compare_pair(experiment, config, counts: List[int], repeats: int, variants, 
   first, second = variants
 
   def counted(program: Program) -> str:
-    counts = hlo_count.iteration_body(program.texts[-1])
-    return (f"{counts['per_iteration']} ({counts['copy']} copies), "
-            f"{counts['bytes_per_iteration_not_due'] / 1e6:,.1f} MB")
+    body = hlo_count.iteration_body(program.texts[-1])
+    return (f"{body['per_iteration']} ({body['copy']} copies), "
+            f"{body['bytes_per_iteration_not_due'] / 1e6:,.1f} MB")
 
   table = harness.PrintedTable(
       ["seeds", f"kernels per iteration (top-level copies), MB, {first}", second,

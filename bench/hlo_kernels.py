@@ -203,8 +203,9 @@ def main(argv):
                         "--target=h200.")
   unroll = experiment.scan_unroll
   flagfiles += [f"--scan_unroll={unroll}"] if unroll > 1 else []
-  for name in ("acting_apart", "packed_carry", "target_loop"):
-    flagfiles += [f"--{name}={FLAGS[name].value}"] if FLAGS[name].value != "auto" else []
+  for structure in ("acting_apart", "packed_carry", "target_loop"):
+    value = FLAGS[structure].value
+    flagfiles += [f"--{structure}={value}"] if value != "auto" else []
   builds = {f"ours ({', '.join(flagfiles) or 'default flags'})":
             functools.partial(ours_hlo, place, platform, config, experiment)}
   if FLAGS.purejaxrl_dir:

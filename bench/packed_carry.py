@@ -15,8 +15,8 @@ iteration, which the packed carry turns into one. Each program's kernels
 per iteration, counted in its optimized HLO as bench/hlo_kernels.py
 counts them (the loop with the most iterations of the last chunk
 program: the learning loop unless the warm-up is longer, or the loop
-with the conditional), and the copies at the top level of its body, are
-printed beside the time of one run: init and
+with the conditional), the copies at the top level of its body and its
+modelled MB (bench/hlo_count.py) are printed beside the time of one run: init and
 every chunk of the plan with its metrics copied to the host. The two are
 called in turn, a warm-up round first; the table gives the median of the
 rounds' ratios (env steps/s, packed over plain) and whether both trained

@@ -230,44 +230,45 @@ def test_the_warmup_loops_bench_finds_the_three_chunk_structures_train_the_same(
   assert rows[0].rstrip(" |").endswith("yes"), rows
 
 
+def _pair_bench_row(tmp_path, bench: str):
+  """(the row of `bench` (a bench that compares two chunk structures) for two seeds on one CPU
+  device, with its two programs' cells as (kernels, copies, MB); the table's text)."""
+  out = tmp_path / f"{bench}.md"
+  subprocess.run(
+      [sys.executable, "-m", f"bench.{bench}",
+       "--flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg", "--seed_counts=2",
+       "--total_steps=1200", "--min_replay_size=400", "--log_every=400", "--repeats=1",
+       f"--out={out}"], cwd=ROOT, check=True, capture_output=True, text=True, timeout=300)
+  text = out.read_text()
+  rows = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines()
+          if line.startswith("| 2 |")]
+  assert len(rows) == 1, rows
+  row = rows[0]
+  for i in (1, 2):
+    kernels, copies, mb = re.fullmatch(r"(\d+) \((\d+) copies\), ([\d,.]+) MB", row[i]).groups()
+    row[i] = (int(kernels), int(copies), float(mb.replace(",", "")))
+  return row, text
+
+
 def test_the_packed_carry_bench_counts_fewer_copies_and_trains_the_same_parameters(tmp_path):
   """Two seeds on one CPU device: the run's chunk programs with the loops' carry packed have
   fewer copies per iteration than with the plain carry (their kernel counts both above zero;
   on the CPU the total can go either way), and train the same parameters."""
-  out = tmp_path / "packed_carry.md"
-  subprocess.run(
-      [sys.executable, "-m", "bench.packed_carry",
-       "--flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg", "--seed_counts=2",
-       "--total_steps=1200", "--min_replay_size=400", "--log_every=400", "--repeats=1",
-       f"--out={out}"], cwd=ROOT, check=True, capture_output=True, text=True, timeout=300)
-  rows = [[c.strip() for c in line.split("|")[1:-1]] for line in out.read_text().splitlines()
-          if line.startswith("| 2 |")]
-  assert len(rows) == 1, rows
-  (plain, plain_copies), (packed, packed_copies) = [
-      map(int, re.fullmatch(r"(\d+) \((\d+) copies\), [\d,.]+ MB", cell).groups()[:2])
-      for cell in rows[0][1:3]]
-  assert min(packed, plain) > 0 and packed_copies < plain_copies, rows
-  assert rows[0][-1] == "yes", rows
+  row, _ = _pair_bench_row(tmp_path, "packed_carry")
+  (plain, plain_copies, _), (packed, packed_copies, _) = row[1:3]
+  assert min(packed, plain) > 0 and packed_copies < plain_copies, row
+  assert row[-1] == "yes", row
 
 
 def test_the_target_update_bench_models_fewer_bytes_in_the_loop_and_trains_the_same(tmp_path):
   """Two seeds on one CPU device: the run's chunk programs with the target update in a loop
   model fewer bytes for a learning iteration with no update due than with the select in every
   step, and train the same parameters (the target moves in the run: every 50 learner steps)."""
-  out = tmp_path / "target_update.md"
-  subprocess.run(
-      [sys.executable, "-m", "bench.target_update",
-       "--flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg", "--seed_counts=2",
-       "--total_steps=1200", "--min_replay_size=400", "--log_every=400", "--repeats=1",
-       f"--out={out}"], cwd=ROOT, check=True, capture_output=True, text=True, timeout=300)
-  rows = [[c.strip() for c in line.split("|")[1:-1]] for line in out.read_text().splitlines()
-          if line.startswith("| 2 |")]
-  assert len(rows) == 1, rows
-  select_mb, loop_mb = [float(re.fullmatch(r"\d+ \(\d+ copies\), ([\d,.]+) MB", cell)
-                              .group(1).replace(",", "")) for cell in rows[0][1:3]]
-  assert 0 < loop_mb < select_mb, rows
-  assert rows[0][-1] == "yes", rows
-  assert "every 50 learner steps" in out.read_text()
+  row, text = _pair_bench_row(tmp_path, "target_update")
+  (_, _, select_mb), (_, _, loop_mb) = row[1:3]
+  assert 0 < loop_mb < select_mb, row
+  assert row[-1] == "yes", row
+  assert "every 50 learner steps" in text
 
 
 def test_the_compiler_options_bench_compiles_the_run_chunks_with_each_option_set(tmp_path):
