@@ -236,7 +236,8 @@ def make_anakin(env: GymnaxEnv, networks: Networks, optimizer: optax.GradientTra
     # predicate batched by vmap would turn the cond into a select that
     # always runs the learner.
     learning_now = (index + 1) * inserts_per_iteration >= min_replay_size
-    state, metrics = jax.lax.cond(learning_now, learn, skip_learning, state)
+    state, metrics = jax.lax.cond(learning_now, target_updates.traced_anew(learn), skip_learning,
+                                  state)
     return state, (stats, metrics, learning_now.astype(jnp.float32))
 
   def learn_iteration(state: AnakinState, _, acting_apart: bool = False, packed: bool = True):

@@ -113,7 +113,9 @@ def make_sgd_step(networks: Networks, loss_fn, optimizer: optax.GradientTransfor
   """Returns the pure `sgd_step(state, batch) -> (state, metrics)`.
 
   `gradient_norm` takes the gradients' norm for the guard and the metric:
-  `gradient_norm_fn(max_grad_norm)` of the optimizer's clipping.
+  `gradient_norm_fn(max_grad_norm)` of the optimizer's clipping; a loss
+  whose extras give the norm (`LossExtras.grad_squared_norm`) gives it
+  instead.
 
   `batch` is a `ReplaySample` (transitions and importance weights). The
   metrics hold scalars plus `priorities` [B], the new replay priorities.

@@ -22,9 +22,10 @@ class LossExtras(NamedTuple):
   td_error: chex.Array  # [B] TD errors on expected Q-values (for logging).
   priorities: chex.Array  # [B] new priorities for prioritized replay.
   metrics: Dict[str, chex.Array]
-  # The squared L2 norm of the loss's own gradient with respect to the online parameters, where
-  # the loss computes it beside the gradient (the fused loss): the learner step then takes its
-  # gradient norm from here rather than reading every gradient again. None: it does.
+  # The squared L2 norm of the loss's own gradient with respect to the online parameters (of the
+  # loss as returned, not of a multiple of it), where the loss computes it beside the gradient
+  # (the fused loss): the learner step then takes its gradient norm from here rather than
+  # reading every gradient again. None: it does.
   grad_squared_norm: Optional[chex.Array] = None
 
 

@@ -140,7 +140,8 @@ def compare_pair(experiment, config, counts: List[int], repeats: int, variants, 
             f"{body['bytes_per_iteration_not_due'] / 1e6:,.1f} MB")
 
   table = harness.PrintedTable(
-      ["seeds", f"kernels per iteration (top-level copies), MB, {first}", second,
+      ["seeds", f"kernels per iteration (top-level copies), MB with no update due, {first}",
+       second,
        f"compile s ({first}, {second})", f"{first} s", f"{second} s",
        f"{second} / {first} (env steps/s)", "same params"], summary=harness.jax_here())
   medians = []

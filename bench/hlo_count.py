@@ -21,7 +21,8 @@ memory's bandwidth, where the other kernels' arithmetic and access
 patterns set their pace. A nested loop whose trip count XLA does not know
 counts one trip, and `bytes_per_iteration_not_due` counts none (its test
 alone): such a loop runs only when something is due, as the target update
-in a loop (`acme_jax_dqn.target_updates.target_update_in_loop`) does.
+in a loop (`acme_jax_dqn.target_updates.target_update_in_loop`) does, the
+one such loop in the kit's chunk programs.
 """
 
 import collections

@@ -51,8 +51,6 @@ def chunk_fn(trainer: anakin_lib.Anakin, num_iterations: int, warmup: Optional[i
   None: the `seed_layout` function of that name)."""
   acting_apart = seed_layout.acting_apart(batched) if acting_apart is None else acting_apart
   packed_carry = seed_layout.packed_carry(batched) if packed_carry is None else packed_carry
-  if target_loop is None:
-    target_loop = seed_layout.target_update_loop(batched)
   return seed_layout.with_target_loop(seed_layout.over_seeds(
       functools.partial(trainer.train_chunk, num_iterations=num_iterations, warmup=warmup,
                         unroll=unroll, acting_apart=acting_apart, packed_carry=packed_carry),

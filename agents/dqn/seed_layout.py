@@ -238,35 +238,52 @@ def packed_carry(batched: bool) -> bool:
   return not batched
 
 
-def target_update_loop(batched: bool) -> bool:
-  """Whether the training chunk moves the target network in a loop that runs only when an
-  update is due (`acme_jax_dqn.target_updates.target_update_in_loop`): for a batch of seeds on an
-  accelerator.
+# The traffic of a learner step's target select (reading the online and target parameters and
+# writing the target: 3x the target's bytes over a device's seeds) from which the target moves
+# in a loop instead: about what an H200 streams in the 10-20 us a host's read of the loop's
+# predicate takes. A guess until a GPU times both (bench/target_update.py).
+TARGET_LOOP_MIN_BYTES = 64 * 2**20
+
+
+def target_update_loop(target_bytes: int) -> bool:
+  """Whether a device's training chunk moves its target network in a loop that runs only when
+  an update is due (`acme_jax_dqn.target_updates.target_update_in_loop`), given the bytes of
+  the target parameters of its block of seeds: on an accelerator, where the select would move
+  at least `TARGET_LOOP_MIN_BYTES`.
 
   Otherwise every learner step selects between the new target and the old,
-  element by element, which over a batch of seeds reads and writes every
-  seed's target in every step. Compiled for an H200 (bench/hlo_kernels.py
-  --target=h200, the PureJaxRL preset, 2,048 seeds, a hard update every 50
-  steps), a learning iteration with no update due moves 3,539.6 modelled MB
-  with the loop against 3,718.7 with the select (1,199.1 against 1,378.2
-  with `fused_loss`). The loop costs every step a test of its predicate,
-  which an accelerator's host reads: that matters where an iteration's time
-  is its launches (one seed), so one seed keeps the select. So does the
-  CPU: 32 seeds on one CPU device ran 1.01x (0.97-1.07x) with the loop
-  (bench/target_update.py). The same values either way.
+  element by element, reading and writing every seed's target in every
+  step. The loop costs every step a test of its predicate, which a GPU's
+  host reads: where an iteration's time is its launches (one seed, or a
+  few seeds of a small network) that costs more than the select's bytes.
+  Compiled for an H200 (bench/hlo_kernels.py --target=h200, the PureJaxRL
+  preset, a hard update every 50 steps): 2,048 CartPole seeds (the select
+  268.7 MB) run the loop, and a learning iteration with no update due moves
+  3,539.6 modelled MB with it against 3,718.7 with the select (1,199.1
+  against 1,378.2 with `fused_loss`, whose kernel has since taken the
+  gradient norm's read off both); 64 Breakout-MinAtar seeds (the select
+  102.9 MB) 1,185.7 against 1,254.0; 64 CartPole seeds (8.4 MB) keep the
+  select. The CPU keeps it too: 32 seeds on one CPU device ran 1.01x
+  (0.97-1.07x) with the loop (bench/target_update.py). The same values
+  either way.
   """
-  return batched and xla_setup.target_platform() != "cpu"
+  return (xla_setup.target_platform() != "cpu"
+          and 3 * target_bytes >= TARGET_LOOP_MIN_BYTES)
 
 
-def with_target_loop(fn, target_loop: bool):
-  """`fn`, traced within `target_updates.target_update_in_loop` where `target_loop`."""
-  if not target_loop:
-    return fn
+def with_target_loop(fn, target_loop: Optional[bool] = None):
+  """`fn(state, ...)` (a device's chunk), traced within `target_updates.target_update_in_loop`
+  where `target_loop`; None: where `target_update_loop` picks it for the state's target."""
 
-  def traced_with_target_loop(*args):
+  def traced(state, *args):
+    loop = target_loop
+    if loop is None:
+      loop = target_update_loop(xla_setup.nbytes(state.learner.target_params))
+    if not loop:
+      return fn(state, *args)
     with target_updates.target_update_in_loop():
-      return fn(*args)
-  return traced_with_target_loop
+      return fn(state, *args)
+  return traced
 
 
 def over_seeds(fn, batched: bool, in_axes=0):

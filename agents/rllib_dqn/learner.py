@@ -8,7 +8,7 @@ terminated) and takes the kit's `sgd_step` on it: `QLearningLoss`
 (double Q, Huber or squared) or `CategoricalLoss` (C51), with the kit's
 optimizer (global-norm clipping, then Adam) and its guard against
 non-finite updates. RLlib's target cadence (`target_network_update_freq`
-env steps, `tau`) moves the target with the kit's `learning.update_target`.
+env steps, `tau`) moves the target with the kit's `target_updates.update_target`.
 New TD errors go back to RLlib's prioritized replay.
 
 RLlib 2.60 has Learner classes for torch only. This one overrides the
@@ -29,6 +29,7 @@ from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.utils.metrics import TD_ERROR_KEY
 
 from acme_jax_dqn import learning
+from acme_jax_dqn import target_updates
 from acme_jax_dqn.replay import ReplaySample
 from acme_jax_dqn.types import TrainingState, Transition
 from agents.dqn.builder import DQNBuilder
@@ -131,7 +132,7 @@ class JaxDQNLearner(DQNLearner):
       if last != before.get(module_id, 0):  # RLlib's defaultdict starts each module at 0.
         module = self.module[module_id].unwrapped()
         tau = self.config.get_config_for_module(module_id).tau
-        module.target_params = to_numpy(learning.update_target(
+        module.target_params = to_numpy(target_updates.update_target(
             module.params, module.target_params, jnp.int32(1), 1, tau))
 
   def _get_optimizer_state(self) -> Dict[str, Any]:

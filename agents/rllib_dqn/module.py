@@ -4,7 +4,7 @@ The module's state is the online parameters, the target parameters and a
 JAX PRNG key (exploration), as numpy. RLlib's DQN learner and replay
 ask for `QNetAPI` (`compute_q_values`) and `TargetNetworkAPI`
 (`forward_target`); target updates are the learner's (the kit's
-`learning.update_target`), so `get_target_network_pairs` is empty.
+`target_updates.update_target`), so `get_target_network_pairs` is empty.
 """
 
 from typing import Any, Dict

@@ -255,44 +255,59 @@ def test_acting_apart_puts_a_barrier_before_the_acting_forward_and_trains_the_sa
   assert (default_barriers(True), default_barriers(False)) == (1, 0)
 
 
-def test_target_update_in_a_loop_trains_the_same_and_is_the_default_for_accelerator_batches():
+def test_target_update_in_a_loop_trains_the_same_and_is_the_default_for_large_targets(
+    monkeypatch):
   """With `target_loop` the run's chunk moves the target in a loop that runs only when an
   update is due (one `while` more in the program, inside the loops over an iteration's 2
-  learner calls and a call's 2 SGD steps, whose bodies the trainer traced once before, without
-  the loop): two vmapped seeds with a hard update every 2 steps train the same parameters and
-  row as with the select. `seed_layout.target_update_loop`, the run's default, picks it for a
-  batch of seeds built for an accelerator, never for one seed or the CPU."""
+  learner calls and a call's 2 SGD steps and, with the conditional, inside its branch, all of
+  whose bodies the trainer traced once before, without the loop): two vmapped seeds with a
+  hard update every 2 steps train the same parameters and row as with the select, with the
+  warm-up as a loop of its own and with the conditional. `seed_layout.target_update_loop`,
+  the run's default, picks it on an accelerator where the select would move at least
+  `TARGET_LOOP_MIN_BYTES`, never on the CPU."""
   from agents.dqn import anakin as anakin_mode  # pylint: disable=import-outside-toplevel
   config = _tiny_config(min_replay_size=300, target_update_period=2, target_update_tau=1.0,
                         num_sgd_steps_per_step=2, samples_per_insert=64.0)
   env = envs.make_jax_environment("gymnax:CartPole-v1")
   builder = DQNBuilder(config)
   trainer = builder.make_anakin(env, builder.make_networks(env.spec), eval_episodes=2)
+  assert trainer.learner_calls_per_iteration == 2
   keys = jnp.stack([jax.random.PRNGKey(s) for s in range(2)])
   start = jax.jit(seed_layout.over_seeds(trainer.init, True))(keys)
 
-  def run(target_loop):  # Iterations 60-79: 14 of warm-up, 6 that learn.
-    chunk = anakin_mode.chunk_fn(trainer, 20, 14, True, target_loop=target_loop)
-    loops = str(jax.make_jaxpr(chunk)(start, np.int32(60))).count(" while[")
+  def loops(chunk):
+    return str(jax.make_jaxpr(chunk)(start, np.int32(60))).count(" while[")
+
+  def run(warmup, target_loop):  # Iterations 60-79: 14 of warm-up, 6 that learn.
+    chunk = anakin_mode.chunk_fn(trainer, 20, warmup, True, target_loop=target_loop)
     state, metrics = jax.jit(chunk)(start, np.int32(60))
-    return (loops, jax.device_get(state.learner.online_params),
+    return (loops(chunk), jax.device_get(state.learner.online_params),
             jax.device_get(state.learner.target_params), jax.device_get(metrics))
 
-  loops, params, target, row = run(False)
-  loop_loops, loop_params, loop_target, loop_row = run(True)
-  assert loop_loops == loops + 1
-  assert trainer.learner_calls_per_iteration == 2
-  assert np.all(np.asarray(row["learner_steps"]) == 6 * 2 * 2)
-  jax.tree.map(np.testing.assert_array_equal, (params, target), (loop_params, loop_target))
-  jax.tree.map(np.testing.assert_array_equal, target, params)  # 24 steps: the last copied.
-  assert set(row) == set(loop_row)
-  for name in row:
-    np.testing.assert_array_equal(np.asarray(row[name]), np.asarray(loop_row[name]))
-  assert not seed_layout.target_update_loop(False)
-  for platform, batched_default in (("cpu", False), ("gpu", True), ("tpu", True)):
+  for warmup in (14, None):
+    select_loops, params, target, row = run(warmup, False)
+    loop_loops, loop_params, loop_target, loop_row = run(warmup, True)
+    assert loop_loops == select_loops + 1, warmup
+    assert np.all(np.asarray(row["learner_steps"]) == 6 * 2 * 2)
+    jax.tree.map(np.testing.assert_array_equal, (params, target), (loop_params, loop_target))
+    jax.tree.map(np.testing.assert_array_equal, target, params)  # 24 steps: the last copied.
+    assert set(row) == set(loop_row)
+    for name in row:
+      np.testing.assert_array_equal(np.asarray(row[name]), np.asarray(loop_row[name]))
+
+  select_bytes = 3 * xla_setup.nbytes(start.learner.target_params)  # Two seeds' select.
+  for platform, loop in (("cpu", False), ("gpu", True), ("tpu", True)):
     with xla_setup.building_for(platform):
-      assert seed_layout.target_update_loop(True) == batched_default
-      assert not seed_layout.target_update_loop(False)
+      base = loops(anakin_mode.chunk_fn(trainer, 20, 14, True, target_loop=False))
+      for least, expected in ((select_bytes, loop), (select_bytes + 1, False)):
+        monkeypatch.setattr(seed_layout, "TARGET_LOOP_MIN_BYTES", least)
+        assert seed_layout.target_update_loop(select_bytes // 3) == expected
+        default = anakin_mode.chunk_fn(trainer, 20, 14, True)  # The run's chunk.
+        assert loops(default) == base + expected, (platform, least)
+  monkeypatch.undo()
+  with xla_setup.building_for("gpu"):  # 2,048 seeds of the PureJaxRL preset's network.
+    assert seed_layout.target_update_loop(2048 * 10_934 * 4)
+    assert not seed_layout.target_update_loop(64 * 10_934 * 4)
 
 
 def test_scan_unroll_runs_several_iterations_per_loop_step_of_the_runs_chunk():
