@@ -22,8 +22,8 @@ def target_update_in_loop():
   the update only when it is due. Vmapped over seeds, JAX batches the
   loop's predicate: the loop runs once when any seed's update is due and
   selects per seed inside it, so a batch of seeds reads and writes its
-  target only every `period` steps. Each step then waits for the loop's
-  predicate, which on an accelerator is read by the host:
+  target only every `period` steps. Each step then tests the loop's
+  predicate, which on a GPU the host reads:
   `agents.dqn.seed_layout.target_update_loop` says where the loop runs.
   The same values either way. JAX's jit cache does not key on this
   setting: jit functions anew inside the block.

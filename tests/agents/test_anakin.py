@@ -296,14 +296,17 @@ def test_target_update_in_a_loop_trains_the_same_and_is_the_default_for_large_ta
       np.testing.assert_array_equal(np.asarray(row[name]), np.asarray(loop_row[name]))
 
   select_bytes = 3 * xla_setup.nbytes(start.learner.target_params)  # Two seeds' select.
+  monkeypatch.setattr(seed_layout, "TARGET_LOOP_MIN_BYTES", select_bytes)
   for platform, loop in (("cpu", False), ("gpu", True), ("tpu", True)):
     with xla_setup.building_for(platform):
-      base = loops(anakin_mode.chunk_fn(trainer, 20, 14, True, target_loop=False))
-      for least, expected in ((select_bytes, loop), (select_bytes + 1, False)):
-        monkeypatch.setattr(seed_layout, "TARGET_LOOP_MIN_BYTES", least)
-        assert seed_layout.target_update_loop(select_bytes // 3) == expected
-        default = anakin_mode.chunk_fn(trainer, 20, 14, True)  # The run's chunk.
-        assert loops(default) == base + expected, (platform, least)
+      assert seed_layout.target_update_loop(select_bytes // 3) == loop
+      assert not seed_layout.target_update_loop(select_bytes // 3 - 1)
+  with xla_setup.building_for("gpu"):  # The run's chunk (target_loop None) asks the rule.
+    chunk = lambda target_loop=None: anakin_mode.chunk_fn(trainer, 20, 14, True,  # noqa: E731
+                                                          target_loop=target_loop)
+    assert loops(chunk()) == loops(chunk(True)) == 1
+    monkeypatch.setattr(seed_layout, "TARGET_LOOP_MIN_BYTES", select_bytes + 3)
+    assert loops(chunk()) == loops(chunk(False)) == 0
   monkeypatch.undo()
   with xla_setup.building_for("gpu"):  # 2,048 seeds of the PureJaxRL preset's network.
     assert seed_layout.target_update_loop(2048 * 10_934 * 4)
