@@ -261,10 +261,10 @@ def test_target_update_in_a_loop_trains_the_same_and_is_the_default_for_large_ta
   update is due (one `while` more in the program, inside the loops over an iteration's 2
   learner calls and a call's 2 SGD steps and, with the conditional, inside its branch, all of
   whose bodies the trainer traced once before, without the loop): two vmapped seeds with a
-  hard update every 2 steps train the same parameters and row as with the select, with the
-  warm-up as a loop of its own and with the conditional. `seed_layout.target_update_loop`,
-  the run's default, picks it on an accelerator where the select would move at least
-  `TARGET_LOOP_MIN_BYTES`, never on the CPU."""
+  hard update every 2 steps train the same parameters and row as with the select (the warm-up
+  as a loop of its own; with the conditional the loop is there too).
+  `seed_layout.target_update_loop`, the run's default, picks it on an accelerator where the
+  select would move at least `TARGET_LOOP_MIN_BYTES`, never on the CPU."""
   from agents.dqn import anakin as anakin_mode  # pylint: disable=import-outside-toplevel
   config = _tiny_config(min_replay_size=300, target_update_period=2, target_update_tau=1.0,
                         num_sgd_steps_per_step=2, samples_per_insert=64.0)
@@ -284,16 +284,18 @@ def test_target_update_in_a_loop_trains_the_same_and_is_the_default_for_large_ta
     return (loops(chunk), jax.device_get(state.learner.online_params),
             jax.device_get(state.learner.target_params), jax.device_get(metrics))
 
-  for warmup in (14, None):
-    select_loops, params, target, row = run(warmup, False)
-    loop_loops, loop_params, loop_target, loop_row = run(warmup, True)
-    assert loop_loops == select_loops + 1, warmup
-    assert np.all(np.asarray(row["learner_steps"]) == 6 * 2 * 2)
-    jax.tree.map(np.testing.assert_array_equal, (params, target), (loop_params, loop_target))
-    jax.tree.map(np.testing.assert_array_equal, target, params)  # 24 steps: the last copied.
-    assert set(row) == set(loop_row)
-    for name in row:
-      np.testing.assert_array_equal(np.asarray(row[name]), np.asarray(loop_row[name]))
+  select_loops, params, target, row = run(14, False)
+  loop_loops, loop_params, loop_target, loop_row = run(14, True)
+  assert loop_loops == select_loops + 1
+  assert np.all(np.asarray(row["learner_steps"]) == 6 * 2 * 2)
+  jax.tree.map(np.testing.assert_array_equal, (params, target), (loop_params, loop_target))
+  jax.tree.map(np.testing.assert_array_equal, target, params)  # 24 steps: the last copied.
+  assert set(row) == set(loop_row)
+  for name in row:
+    np.testing.assert_array_equal(np.asarray(row[name]), np.asarray(loop_row[name]))
+  conditional = lambda target_loop: anakin_mode.chunk_fn(  # noqa: E731 (warmup None)
+      trainer, 20, None, True, target_loop=target_loop)
+  assert loops(conditional(True)) == loops(conditional(False)) + 1
 
   select_bytes = 3 * xla_setup.nbytes(start.learner.target_params)  # Two seeds' select.
   monkeypatch.setattr(seed_layout, "TARGET_LOOP_MIN_BYTES", select_bytes)
