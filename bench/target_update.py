@@ -11,15 +11,16 @@ the online and target parameters and writes the target in every learner
 step, and with the update in a loop of 0 or 1 trips
 (`acme_jax_dqn.target_updates.target_update_in_loop`), which reads and writes
 them only in the steps where an update is due and costs every step a test
-of the loop's predicate (on an accelerator, read by the host). Each
+of the loop's predicate (on a GPU, read by the host). Each
 program's kernels per iteration and modelled MB of a learning iteration
 with no update due (bench/hlo_count.py, the loop with the most iterations
 of its last chunk program) are printed beside the time of one run: init
 and every chunk of the plan with its metrics copied to the host. The two
 are called in turn, a warm-up round first; the table gives the median of
 the rounds' ratios (env steps/s, loop over select) and whether both
-trained the same parameters. `agents.dqn.seed_layout.target_update_loop`
-is the run's choice.
+trained the same parameters. A run picks the loop where the select would
+move at least `agents.dqn.seed_layout.TARGET_LOOP_MIN_BYTES` per learner
+step on an accelerator (`seed_layout.target_update_loop`).
 """
 
 import os
