@@ -30,6 +30,9 @@ import math
 import re
 from typing import Dict, List, Optional, Tuple
 
+# What one run of a computation adds up (`kernels`), loops and calls summed into their callers.
+TOTALS = ("per_iteration", "per_iteration_min", "bytes_per_iteration", "bytes_per_iteration_min",
+          "copy_bytes_per_iteration", "bytes_per_iteration_not_due")
 FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "opt-barrier",
         "after-all", "partition-id", "replica-id"}
 _COMPUTATION = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
@@ -184,11 +187,7 @@ def kernels(name: str, computations: Dict[str, List[str]],
   unknown trip count runs no trip.
   """
   shapes = module_shapes(computations) if shapes is None else shapes
-  totals = ("per_iteration", "per_iteration_min", "bytes_per_iteration",
-            "bytes_per_iteration_min")
-  # What loops and calls add up.
-  summed = totals + ("copy_bytes_per_iteration", "bytes_per_iteration_not_due")
-  counts = collections.Counter(dict.fromkeys(summed, 0))
+  counts = collections.Counter(dict.fromkeys(TOTALS, 0))
   for line in computations[name]:
     rhs = line.split(" = ", 1)[1]
     opcode = _opcode(rhs)
@@ -200,7 +199,7 @@ def kernels(name: str, computations: Dict[str, List[str]],
       trips = _TRIPS.search(line)
       body = kernels(called["body"], computations, shapes)
       condition = kernels(called["condition"], computations, shapes)
-      for total in summed:
+      for total in TOTALS:
         if total == "bytes_per_iteration_not_due" and not trips:
           counts[total] += condition[total]  # No trip: its test alone.
           continue
@@ -215,13 +214,13 @@ def kernels(name: str, computations: Dict[str, List[str]],
       counts["per_iteration"] += 1 + max(r["per_iteration"] for r in runs)
       counts["per_iteration_min"] += 1 + min(r["per_iteration_min"] for r in runs)
       most = max(runs, key=lambda r: r["bytes_per_iteration"])
-      counts["bytes_per_iteration"] += most["bytes_per_iteration"]
-      for total in ("copy_bytes_per_iteration", "bytes_per_iteration_not_due"):
+      for total in ("bytes_per_iteration", "copy_bytes_per_iteration",
+                    "bytes_per_iteration_not_due"):  # Those of the branch with the most bytes.
         counts[total] += most[total]
       counts["bytes_per_iteration_min"] += min(r["bytes_per_iteration_min"] for r in runs)
     elif opcode == "call":
       callee = kernels(called["to_apply"], computations, shapes)
-      for total in summed:
+      for total in TOTALS:
         counts[total] += callee[total]
     else:
       counts["fusion" if opcode == "fusion" else
@@ -229,8 +228,9 @@ def kernels(name: str, computations: Dict[str, List[str]],
       counts["copy"] += opcode == "copy"  # Copies among the unfused ops (this level's).
       accessed = kernel_bytes(line, computations, shapes)
       counts["copy_bytes_per_iteration"] += accessed if opcode == "copy" else 0
-      for total in totals + ("bytes_per_iteration_not_due",):
-        counts[total] += accessed if total.startswith("bytes") else 1
+      for total in TOTALS:
+        if total != "copy_bytes_per_iteration":  # Counted above, for copies alone.
+          counts[total] += accessed if "bytes" in total else 1
   return dict(counts)
 
 
@@ -287,8 +287,6 @@ def iteration_body(text: str) -> Dict[str, int]:
   shapes = module_shapes(computations)
   counts = kernels(called["body"], computations, shapes)
   condition = kernels(called["condition"], computations, shapes)
-  for total in ("per_iteration", "per_iteration_min", "bytes_per_iteration",
-                "bytes_per_iteration_min", "copy_bytes_per_iteration",
-                "bytes_per_iteration_not_due"):
+  for total in TOTALS:
     counts[total] += condition[total]
   return counts

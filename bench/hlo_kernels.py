@@ -236,8 +236,7 @@ def main(argv):
       counts[total] = int(per_iteration) if per_iteration == int(per_iteration) else per_iteration
     counts["per_1000_steps"] = round(1000 * (learning * counts["per_iteration"] + (
         1 - learning) * counts["per_iteration_min"]) / steps)
-    for total in ("bytes_per_iteration", "bytes_per_iteration_min", "copy_bytes_per_iteration",
-                  "bytes_per_iteration_not_due"):
+    for total in [t for t in hlo_count.TOTALS if "bytes" in t]:
       counts[total.replace("bytes", "mb")] = round(counts.pop(total) / per_step / 1e6, 1)
     counts["build_s"] = round(build_s[name], 2)
     results[name] = counts
