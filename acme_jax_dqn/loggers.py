@@ -126,34 +126,36 @@ def _scalars(values: Mapping[str, Any]) -> Dict[str, float]:
           if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-class _HideTorchFromThisThread:
-  """A `sys.meta_path` finder under which `import torch` fails on the thread that made it."""
+class _HideFromThisThread:
+  """A `sys.meta_path` finder: importing `names` (or a submodule) fails on this thread."""
 
-  def __init__(self):
+  def __init__(self, names: Sequence[str]):
+    self._names = frozenset(names)
     self._thread = threading.get_ident()
 
   def find_spec(self, name, path=None, target=None):  # pylint: disable=unused-argument
-    if name.partition(".")[0] == "torch" and threading.get_ident() == self._thread:
+    if name.partition(".")[0] in self._names and threading.get_ident() == self._thread:
       raise ModuleNotFoundError(f"No module named {name!r}", name=name)
     return None  # Other threads, other modules: the usual finders.
 
 
 def import_tensorboardx():
-  """The tensorboardX module, imported without PyTorch.
+  """The tensorboardX module, imported without PyTorch or boto3, which it imports when
+  installed and this kit never uses.
 
-  tensorboardX's writer module imports torch whenever it is installed, only
-  to accept torch tensors, which this kit never passes: on a 2-core CPU
-  machine tensorboardX then took 1.6 s to import instead of 0.2 s, and a
-  run's `compile_s` about 2 s more, though the import runs on a thread of
-  its own; torch's import took 6.7 s on a GPU machine with a CUDA build.
-  torch is hidden from this thread for that one import; other threads
-  import it as usual, and so does this one afterwards. Where torch is
-  already imported, nothing is hidden.
+  torch (only to accept torch tensors) made the import 1.6 s instead of 0.2 s on a 2-core
+  CPU and 6.7 s on a CUDA GPU machine, and slowed `compile_s` though it runs on a thread of
+  its own. boto3 (for s3:// logdirs, never a run's) took 0.14 s of the 0.24 s, and its
+  botocore enters `warnings.catch_warnings()` as it imports, which is not thread-safe: on
+  the `preload` thread that could undo a filter the main thread set meanwhile (requests
+  silences urllib3's DependencyWarning as Ray imports it) and let a warning reach stderr.
+  Both are hidden from this thread for this one import (other threads, and this one
+  afterwards, import them as usual); one already imported is not hidden.
   """
-  if "tensorboardX" in sys.modules or "torch" in sys.modules:
+  if "tensorboardX" in sys.modules:
     import tensorboardX  # pylint: disable=import-outside-toplevel
     return tensorboardX
-  finder = _HideTorchFromThisThread()
+  finder = _HideFromThisThread([n for n in ("torch", "boto3") if n not in sys.modules])
   sys.meta_path.insert(0, finder)
   try:
     import tensorboardX  # pylint: disable=import-outside-toplevel,redefined-outer-name

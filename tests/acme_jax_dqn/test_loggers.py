@@ -219,36 +219,54 @@ def test_preload_leaves_a_failed_import_to_the_loggers(monkeypatch):
 
 
 _FAKE_TORCH = "import sys\nsys.stderr.write('fake torch imported\\n')\nclass Tensor:\n  pass\n"
+# As botocore does while it imports: a `warnings.catch_warnings()` block, held here until the
+# main thread has set a filter of its own (the `sync` module's events), then left.
+_FAKE_BOTO3 = ("import sys, warnings, sync\nsys.stderr.write('fake boto3 imported\\n')\n"
+               "with warnings.catch_warnings():\n  sync.entered.set()\n  sync.filtered.wait(30)\n")
 
 
 @pytest.mark.parametrize("importer", ["import tensorboardX", "loggers.import_tensorboardx()"])
-def test_tensorboardx_imports_torch_unless_the_kit_hides_it(tmp_path, importer):
-  # An installed torch stands in as a package on the path that reports its import. The plain
-  # import shows tensorboardX's own behaviour, which the kit works around: should a release of
-  # tensorboardX stop importing torch, that case fails and the workaround can go.
-  (tmp_path / "torch").mkdir()
-  (tmp_path / "torch" / "__init__.py").write_text(_FAKE_TORCH)
+def test_tensorboardx_imports_torch_and_boto3_unless_the_kit_hides_them(tmp_path, importer):
+  # Installed torch and boto3 stand in as packages on the path that report their import. The
+  # plain import shows tensorboardX's own behaviour, which the kit works around: should a
+  # release of tensorboardX stop importing them, that case fails and the workaround can go.
+  # It runs on a thread, as `preload` does, while the main thread sets a warning filter (as
+  # requests does for urllib3 when Ray imports it): boto3's `catch_warnings` block, left
+  # after it, puts back the filters it found, so the main thread's filter is lost.
+  for name, text in (("torch", _FAKE_TORCH), ("boto3", _FAKE_BOTO3)):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "__init__.py").write_text(text)
+  (tmp_path / "sync.py").write_text("import threading\nentered, filtered = "
+                                     "threading.Event(), threading.Event()\n")
   logdir = tmp_path / "run"
-  code = ("import sys\n"
+  code = ("import sys, threading, time, warnings, sync\n"
           "from acme_jax_dqn import loggers\n"
-          f"{importer}\n"
-          "print('torch' in sys.modules)\n"
+          f"def load():\n  {importer}\n"
+          "thread = threading.Thread(target=load)\n"
+          "thread.start()\n"
+          "while thread.is_alive() and not sync.entered.is_set():\n  time.sleep(0.01)\n"
+          "warnings.filterwarnings('ignore', message='set on the main thread')\n"
+          "sync.filtered.set()\n"
+          "thread.join(60)\n"
+          "print('torch' in sys.modules, 'boto3' in sys.modules,\n"
+          "      any(f[1] and f[1].pattern == 'set on the main thread' for f in warnings.filters))\n"
           f"writer = loggers.TensorBoardLogger({str(logdir)!r})\n"
           "writer.write('train', {'env_steps': 7, 'loss': 0.5})\n"
           "writer.close()\n"
-          "import torch\n"  # Afterwards torch imports as usual.
+          "import torch, boto3\n"  # Afterwards both import as usual.
           "print(torch.Tensor.__name__)\n")
   env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                        timeout=120)
   assert out.returncode == 0, out.stderr
-  assert out.stdout.split()[-2:] == [str(importer == "import tensorboardX"), "Tensor"]
-  assert out.stderr.count("fake torch imported") == 1, out.stderr
+  plain = importer == "import tensorboardX"
+  assert out.stdout.split()[-4:] == [str(plain), str(plain), str(not plain), "Tensor"]
+  assert out.stderr.count("fake torch imported") == out.stderr.count("fake boto3 imported") == 1
   assert _scalars(logdir, "train/loss") == [(7, 0.5)]
 
 
-def test_torch_is_hidden_from_the_importing_thread_alone():
-  finder = loggers._HideTorchFromThisThread()  # pylint: disable=protected-access
+def test_the_named_packages_are_hidden_from_the_importing_thread_alone():
+  finder = loggers._HideFromThisThread(["torch"])  # pylint: disable=protected-access
   with pytest.raises(ModuleNotFoundError):
     finder.find_spec("torch.nn")
   assert finder.find_spec("numpy") is None
