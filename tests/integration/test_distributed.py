@@ -68,7 +68,7 @@ def test_an_actor_whose_restart_is_refused_is_left_out_and_the_run_completes(tmp
   """Ray does not try again an actor whose constructor raised: the others carry the run."""
   logdir = tmp_path / "run"
   process, stdout, stderr = _kill_node_mid_run(
-      logdir, 12000, lambda n: n["actors"][0], 300,
+      logdir, 6000, lambda n: n["actors"][0], 300,
       "--env=gymnasium:tests.fakes:CartPoleRefusedOnRestart-v0")
   assert process.returncode == 0, (stdout[-2000:], stderr[-3000:])
   assert ("warning: actor 0 could not start again after a crash: --num_envs=1: this host cannot "
@@ -76,7 +76,7 @@ def test_an_actor_whose_restart_is_refused_is_left_out_and_the_run_completes(tmp
   summary = json.loads((logdir / "summary.json").read_text())
   # Ray's restart failed in the constructor: no new process of actor 0 rejoined.
   assert summary["actors_lost"] == [0] and summary["actor_restarts"] == [0, 0]
-  assert summary["env_steps"] == sum(summary["actor_steps"]) >= 12000
+  assert summary["env_steps"] == sum(summary["actor_steps"]) >= 6000
 
 
 def test_a_crashed_evaluator_restarts_and_its_evaluation_runs_again(tmp_path):
