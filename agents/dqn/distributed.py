@@ -34,10 +34,10 @@ from agents.dqn import ray_cluster
 from agents.dqn import summary as summary_lib
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import ConfigError, DQNConfig
-from agents.dqn.distributed_nodes import (ActorNode, EvaluatorNode, LearnerNode, ReplayNode,
-                                          VariableServer)
+from agents.dqn.distributed_nodes import ActorNode, EvaluatorNode, LearnerNode, ReplayNode
 from agents.dqn.distributed_state import LEARNER_RESTARTS, LEARNER_SNAPSHOT_S, ProgramCheckpoints
 from agents.dqn.ray_cluster import NodeCrashed
+from agents.dqn.variable_server import VariableServer
 from agents.dqn.run_loop import Source
 
 # At the end of a run, how long to wait for an actor that Ray is restarting to answer, so that a

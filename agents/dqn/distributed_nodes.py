@@ -1,4 +1,4 @@
-"""The Ray nodes of the distributed program: replay, variable server, learner, actors, evaluator.
+"""The Ray nodes of the distributed program: replay, learner, actors, evaluator.
 
 Each node builds its parts from the `DQNBuilder`, as the other run modes do:
 
@@ -10,7 +10,7 @@ Each node builds its parts from the `DQNBuilder`, as the other run modes do:
   never counted and none is counted twice; it is the truth for progress.
 - LearnerNode runs the builder's learner call on batches sampled by the
   replay node, sends the new priorities back, and publishes parameters to
-  the VariableServer.
+  the VariableServer (agents/dqn/variable_server.py, a module without JAX).
 - ActorNode i steps its own `num_envs` environment copies with the builder's actor, adder
   and epsilons (actor i of `num_actors`: see `DQNBuilder.make_epsilon_schedule`). It pulls
   parameters every `variable_update_period` calls. Actors restart after a crash (Ray
@@ -162,27 +162,6 @@ class ReplayNode:
 
   async def pid(self) -> int:
     return os.getpid()
-
-
-class VariableServer:
-  """Holds the newest parameters as one Ray object (put once, read by every actor)."""
-
-  def __init__(self):
-    self._version = -1
-    self._params_ref = None
-
-  def set(self, version: int, params_ref_in_list: List[Any]) -> None:
-    """Holds the newest parameters; the server numbers them, so a restarted learner's
-    first publish is still newer than what the actors hold."""
-    del version  # The publisher's own count starts over when its process restarts.
-    self._version += 1
-    self._params_ref = params_ref_in_list[0]
-
-  def get(self, known_version: int):
-    """[version, [ref]] when newer than `known_version`, else None."""
-    if self._version <= known_version or self._params_ref is None:
-      return None
-    return [self._version, [self._params_ref]]
 
 
 class LearnerNode:

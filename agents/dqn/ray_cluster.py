@@ -10,10 +10,12 @@ from acme_jax_dqn import xla_setup
 from agents.dqn import checkpoints
 from agents.dqn.config import ConfigError
 
-NODES_BESIDE_ACTORS = 4  # The replay, the learner, the evaluator and the variable server.
+NODES_BESIDE_ACTORS = 3  # The replay, the learner and the evaluator.
 # Less than any node process holds of its own: a process that has imported Ray and the nodes'
 # module holds about 147 MiB (its RssAnon), a CartPole actor node about 174 MiB.
 NODE_PROCESS_BYTES = 128 * 2**20
+# The variable server's process imports Ray and no JAX: about 41 MiB.
+VARIABLE_SERVER_BYTES = 32 * 2**20
 
 
 class NodeCrashed(checkpoints.RunError):
@@ -80,23 +82,24 @@ def check_address(address: str, timeout_s: float = 3.0) -> None:
 def check_node_processes(num_actors: int, limit: Optional[int] = None) -> None:
   """Refuses more node processes than this host's memory holds, for a Ray started here.
 
-  Every node is a process that imports the kit, and each is counted at
-  `NODE_PROCESS_BYTES`, less than any holds: only setups that cannot fit
-  are refused.
+  Every node is a process: the kit's nodes are counted at
+  `NODE_PROCESS_BYTES` each and the variable server at
+  `VARIABLE_SERVER_BYTES`, less than any holds: only setups that cannot
+  fit are refused.
   """
   limit = xla_setup.host_memory_bytes() if limit is None else limit
-  processes = num_actors + NODES_BESIDE_ACTORS
-  if limit and processes * NODE_PROCESS_BYTES > 0.9 * limit:
-    most = int(0.9 * limit) // NODE_PROCESS_BYTES - NODES_BESIDE_ACTORS
+  processes = num_actors + NODES_BESIDE_ACTORS + 1
+  need = (num_actors + NODES_BESIDE_ACTORS) * NODE_PROCESS_BYTES + VARIABLE_SERVER_BYTES
+  if limit and need > 0.9 * limit:
+    most = (int(0.9 * limit) - VARIABLE_SERVER_BYTES) // NODE_PROCESS_BYTES - NODES_BESIDE_ACTORS
     fix = (f"Use `num_actors` <= {most}, or a cluster (`ray_address`)." if most >= 1 else
            "Not one actor fits beside the other nodes here: use a cluster (`ray_address`).")
     raise ConfigError(
         f"`num_actors`={num_actors}: a Ray started on this machine runs every node as a "
-        f"process, and {processes:,} of them (the actors, the replay, the learner, the "
-        f"evaluator and the variable server) need at least "
-        f"{processes * NODE_PROCESS_BYTES / 2**30:,.1f} GiB ({NODE_PROCESS_BYTES // 2**20} MiB "
-        f"each, less than any node holds) and the host holds "
-        f"{limit / 2**30:.1f} GiB. {fix}")
+        f"process, and {processes:,} of them (the actors, the replay, the learner and the "
+        f"evaluator at {NODE_PROCESS_BYTES // 2**20} MiB each, the variable server at "
+        f"{VARIABLE_SERVER_BYTES // 2**20} MiB, less than any node holds) need at least "
+        f"{need / 2**30:,.1f} GiB and the host holds {limit / 2**30:.1f} GiB. {fix}")
 
 
 def start_ray(address: str, compilation_cache_dir: str = ""):

@@ -152,20 +152,26 @@ def test_replay_too_small_through_the_cli(tmp_path):
 
 def test_more_actors_than_the_host_can_run_as_processes_are_refused_before_ray_starts(tmp_path):
   from agents.dqn import ray_cluster  # pylint: disable=import-outside-toplevel
-  each = ray_cluster.NODE_PROCESS_BYTES
-  # A lower bound: what a process holds of its own once it has imported what every node imports.
-  private = subprocess.run(
-      [sys.executable, "-c", "import ray, agents.dqn.distributed_nodes; print(next(int(line.split("
-       ")[1]) * 1024 for line in open('/proc/self/status') if line.startswith('RssAnon:')))"],
-      cwd=ROOT, capture_output=True, text=True, timeout=120, check=True).stdout
-  assert each < int(private)
-  ray_cluster.check_node_processes(5, limit=int(10 * each / 0.9))  # 9 processes fit.
-  with pytest.raises(ConfigError, match=r"`num_actors`=6: .* 10 of them .* need at least 1.2 GiB "
-                     r"\(128 MiB each, .*\) and the host holds 1.4 GiB. Use `num_actors` <= 5,"):
-    ray_cluster.check_node_processes(6, limit=int(10 * each / 0.9))
+  each, server = ray_cluster.NODE_PROCESS_BYTES, ray_cluster.VARIABLE_SERVER_BYTES
+  # Lower bounds: what a process holds of its own once it has imported what every node of the
+  # kit imports, and what the variable server's imports.
+  for module, bound in (("agents.dqn.distributed_nodes", each),
+                        ("agents.dqn.variable_server", server)):
+    private = subprocess.run(
+        [sys.executable, "-c", f"import ray, {module}, sys; print(next(int(line.split("
+         ")[1]) * 1024 for line in open('/proc/self/status') if line.startswith('RssAnon:')), "
+         "'jax' in sys.modules)"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    assert bound < int(private[0]) and private[1] == str(bound == each)  # The server: no JAX.
+  five = 8 * each + server  # 5 actors and 3 other nodes of the kit, and the variable server.
+  ray_cluster.check_node_processes(5, limit=int((five + each // 2) / 0.9))
+  with pytest.raises(ConfigError, match=r"`num_actors`=6: .* 10 of them .*128 MiB each, the "
+                     r"variable server at 32 MiB.* need at least 1.2 GiB and the host holds "
+                     r"1.2 GiB. Use `num_actors` <= 5,"):
+    ray_cluster.check_node_processes(6, limit=int((five + each // 2) / 0.9))
   with pytest.raises(ConfigError, match=r"Not one actor fits beside the other nodes here: use a "
                      r"cluster \(`ray_address`\)\.$"):
-    ray_cluster.check_node_processes(1, limit=int(4.5 * each / 0.9))
+    ray_cluster.check_node_processes(1, limit=int((4 * each + server - 1) / 0.9))
   result = subprocess.run(_cmd(f"--logdir={tmp_path / 'run'}", "--num_actors=100000",
                                "--replay_capacity=4000000"),
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
