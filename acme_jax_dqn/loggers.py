@@ -127,35 +127,35 @@ def _scalars(values: Mapping[str, Any]) -> Dict[str, float]:
 
 
 class _HideFromThisThread:
-  """A `sys.meta_path` finder: importing `names` (or a submodule) fails on this thread."""
+  """A `sys.meta_path` finder: importing `names` (dotted, or below them) fails on this thread."""
 
   def __init__(self, names: Sequence[str]):
     self._names = frozenset(names)
     self._thread = threading.get_ident()
 
   def find_spec(self, name, path=None, target=None):  # pylint: disable=unused-argument
-    if name.partition(".")[0] in self._names and threading.get_ident() == self._thread:
+    hidden = any(name == n or name.startswith(n + ".") for n in self._names)
+    if hidden and threading.get_ident() == self._thread:
       raise ModuleNotFoundError(f"No module named {name!r}", name=name)
     return None  # Other threads, other modules: the usual finders.
 
 
 def import_tensorboardx():
-  """The tensorboardX module, imported without PyTorch or boto3, which it imports when
-  installed and this kit never uses.
+  """The tensorboardX module, imported without torch, boto3 or google.cloud (it imports them
+  when installed; this kit never uses them).
 
-  torch (only to accept torch tensors) made the import 1.6 s instead of 0.2 s on a 2-core
-  CPU and 6.7 s on a CUDA GPU machine, and slowed `compile_s` though it runs on a thread of
-  its own. boto3 (for s3:// logdirs, never a run's) took 0.14 s of the 0.24 s, and its
-  botocore enters `warnings.catch_warnings()` as it imports, which is not thread-safe: on
-  the `preload` thread that could undo a filter the main thread set meanwhile (requests
-  silences urllib3's DependencyWarning as Ray imports it) and let a warning reach stderr.
-  Both are hidden from this thread for this one import (other threads, and this one
-  afterwards, import them as usual); one already imported is not hidden.
+  torch made the import 1.6 s instead of 0.2 s on a 2-core CPU, 6.7 s on a CUDA machine, and
+  slowed `compile_s` though on a thread of its own. boto3 (s3:// logdirs; google.cloud: gs://)
+  took 0.14 s of 0.24 s, and botocore enters `warnings.catch_warnings()` as it imports, which
+  is not thread-safe: on the `preload` thread it could undo a filter the main thread set
+  meanwhile (requests' for urllib3's DependencyWarning, as Ray imports) and let a warning
+  reach stderr. All are hidden from this thread alone, for this import (unless imported).
   """
   if "tensorboardX" in sys.modules:
     import tensorboardX  # pylint: disable=import-outside-toplevel
     return tensorboardX
-  finder = _HideFromThisThread([n for n in ("torch", "boto3") if n not in sys.modules])
+  finder = _HideFromThisThread([n for n in ("torch", "boto3", "google.cloud")
+                                if n not in sys.modules])
   sys.meta_path.insert(0, finder)
   try:
     import tensorboardX  # pylint: disable=import-outside-toplevel,redefined-outer-name
@@ -249,7 +249,7 @@ def warn(message: str, stream=None) -> None:
 def preload(names: Sequence[str]) -> threading.Thread:
   """Imports the chosen loggers' libraries on a background thread and returns it.
 
-  TensorBoard's writer takes about 0.2 s to import (`import_tensorboardx`);
+  TensorBoard's writer takes about 0.1 s to import (`import_tensorboardx`);
   started before a run compiles, the import overlaps the compile instead of
   delaying the first training step. A failed import is left for `RunLoggers` to report.
   """

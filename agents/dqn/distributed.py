@@ -2,7 +2,8 @@
 
 The program is built from the same `DQNBuilder` as the other modes (Acme
 builds a Launchpad program from it; Launchpad has no builds for current
-Python, so the nodes are Ray actors, in agents/dqn/distributed_nodes.py):
+Python, so the nodes are Ray actors, in agents/dqn/distributed_nodes.py and, without
+JAX, agents/dqn/variable_server.py):
 
   actors --(n-step transitions, in batches)--> replay <--(sample, priorities)-- learner
   actors <--(parameters: one ray.put per publish, shared)-- variable server <-- learner

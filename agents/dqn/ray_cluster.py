@@ -11,8 +11,8 @@ from agents.dqn import checkpoints
 from agents.dqn.config import ConfigError
 
 NODES_BESIDE_ACTORS = 3  # The replay, the learner and the evaluator.
-# Less than any node process holds of its own: a process that has imported Ray and the nodes'
-# module holds about 147 MiB (its RssAnon), a CartPole actor node about 174 MiB.
+# Less than any of the kit's node processes holds of its own: a process that has imported Ray
+# and the nodes' module holds about 147 MiB (its RssAnon), a CartPole actor node about 174 MiB.
 NODE_PROCESS_BYTES = 128 * 2**20
 # The variable server's process imports Ray and no JAX: about 41 MiB.
 VARIABLE_SERVER_BYTES = 32 * 2**20
@@ -88,7 +88,7 @@ def check_node_processes(num_actors: int, limit: Optional[int] = None) -> None:
   fit are refused.
   """
   limit = xla_setup.host_memory_bytes() if limit is None else limit
-  processes = num_actors + NODES_BESIDE_ACTORS + 1
+  processes = num_actors + NODES_BESIDE_ACTORS + 1  # And the variable server.
   need = (num_actors + NODES_BESIDE_ACTORS) * NODE_PROCESS_BYTES + VARIABLE_SERVER_BYTES
   if limit and need > 0.9 * limit:
     most = (int(0.9 * limit) - VARIABLE_SERVER_BYTES) // NODE_PROCESS_BYTES - NODES_BESIDE_ACTORS

@@ -225,17 +225,23 @@ _FAKE_BOTO3 = ("import sys, warnings, sync\nsys.stderr.write('fake boto3 importe
                "with warnings.catch_warnings():\n  sync.entered.set()\n  sync.filtered.wait(30)\n")
 
 
-@pytest.mark.parametrize("importer", ["import tensorboardX", "loggers.import_tensorboardx()"])
+@pytest.mark.parametrize("importer", ["import tensorboardX", "loggers.import_tensorboardx()",
+                                      "import torch; loggers.import_tensorboardx()"])
 def test_tensorboardx_imports_torch_and_boto3_unless_the_kit_hides_them(tmp_path, importer):
-  # Installed torch and boto3 stand in as packages on the path that report their import. The
-  # plain import shows tensorboardX's own behaviour, which the kit works around: should a
-  # release of tensorboardX stop importing them, that case fails and the workaround can go.
+  # Installed torch, boto3 and google.cloud.storage stand in as packages on the path that
+  # report their import. The plain import shows tensorboardX's own behaviour, which the kit
+  # works around: should a release of tensorboardX stop importing them, that case fails and
+  # the workaround can go. A torch imported before is used as it is (nothing to hide).
   # It runs on a thread, as `preload` does, while the main thread sets a warning filter (as
   # requests does for urllib3 when Ray imports it): boto3's `catch_warnings` block, left
-  # after it, puts back the filters it found, so the main thread's filter is lost.
+  # after it, puts back the filters it found (CPython before free-threaded 3.14's
+  # context-aware warnings), so the main thread's filter is lost.
   for name, text in (("torch", _FAKE_TORCH), ("boto3", _FAKE_BOTO3)):
     (tmp_path / name).mkdir()
     (tmp_path / name / "__init__.py").write_text(text)
+  (tmp_path / "google" / "cloud").mkdir(parents=True)  # Namespace packages, as installed.
+  (tmp_path / "google" / "cloud" / "storage.py").write_text(
+      "import sys\nsys.stderr.write('fake gcs imported\\n')\n")
   (tmp_path / "sync.py").write_text("import threading\nentered, filtered = "
                                      "threading.Event(), threading.Event()\n")
   logdir = tmp_path / "run"
@@ -249,27 +255,33 @@ def test_tensorboardx_imports_torch_and_boto3_unless_the_kit_hides_them(tmp_path
           "sync.filtered.set()\n"
           "thread.join(60)\n"
           "print('torch' in sys.modules, 'boto3' in sys.modules,\n"
-          "      any(f[1] and f[1].pattern == 'set on the main thread' for f in warnings.filters))\n"
+          "      'google.cloud.storage' in sys.modules,\n"
+          "      any(f[1] and f[1].pattern == 'set on the main thread'\n"
+          "          for f in warnings.filters))\n"
           f"writer = loggers.TensorBoardLogger({str(logdir)!r})\n"
           "writer.write('train', {'env_steps': 7, 'loss': 0.5})\n"
           "writer.close()\n"
-          "import torch, boto3\n"  # Afterwards both import as usual.
+          "import torch, boto3, google.cloud.storage\n"  # Afterwards all import as usual.
           "print(torch.Tensor.__name__)\n")
   env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                        timeout=120)
   assert out.returncode == 0, out.stderr
-  plain = importer == "import tensorboardX"
-  assert out.stdout.split()[-4:] == [str(plain), str(plain), str(not plain), "Tensor"]
-  assert out.stderr.count("fake torch imported") == out.stderr.count("fake boto3 imported") == 1
+  plain, torch_first = importer == "import tensorboardX", importer.startswith("import torch")
+  assert out.stdout.split()[-5:] == [str(plain or torch_first), str(plain), str(plain),
+                                     str(not plain), "Tensor"]
+  assert all(out.stderr.count(f"fake {name} imported") == 1 for name in ("torch", "boto3", "gcs"))
   assert _scalars(logdir, "train/loss") == [(7, 0.5)]
 
 
 def test_the_named_packages_are_hidden_from_the_importing_thread_alone():
-  finder = loggers._HideFromThisThread(["torch"])  # pylint: disable=protected-access
-  with pytest.raises(ModuleNotFoundError):
-    finder.find_spec("torch.nn")
-  assert finder.find_spec("numpy") is None
+  finder = loggers._HideFromThisThread(  # pylint: disable=protected-access
+      ["torch", "google.cloud"])
+  for name in ("torch", "torch.nn", "google.cloud", "google.cloud.storage"):
+    with pytest.raises(ModuleNotFoundError):
+      finder.find_spec(name)
+  assert [finder.find_spec(n) for n in ("numpy", "torchvision", "google", "google.protobuf",
+                                         "google.cloudy")] == [None] * 5
   elsewhere = []
   thread = threading.Thread(target=lambda: elsewhere.append(finder.find_spec("torch")))
   thread.start()

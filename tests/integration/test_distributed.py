@@ -3,6 +3,7 @@ variants, bad input."""
 
 import csv
 import json
+import math
 import os
 import signal
 import subprocess
@@ -165,6 +166,9 @@ def test_more_actors_than_the_host_can_run_as_processes_are_refused_before_ray_s
     assert bound < int(private[0]) and private[1] == str(bound == each)  # The server: no JAX.
   five = 8 * each + server  # 5 actors and 3 other nodes of the kit, and the variable server.
   ray_cluster.check_node_processes(5, limit=int((five + each // 2) / 0.9))
+  ray_cluster.check_node_processes(5, limit=math.ceil(five / 0.9))  # Just fits.
+  with pytest.raises(ConfigError, match=r"`num_actors`=5: .* Use `num_actors` <= 4,"):
+    ray_cluster.check_node_processes(5, limit=math.ceil(five / 0.9) - 2)  # Just does not.
   with pytest.raises(ConfigError, match=r"`num_actors`=6: .* 10 of them .*128 MiB each, the "
                      r"variable server at 32 MiB.* need at least 1.2 GiB and the host holds "
                      r"1.2 GiB. Use `num_actors` <= 5,"):
