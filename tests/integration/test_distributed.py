@@ -32,15 +32,33 @@ def _wait_for(path, timeout=240):
   return False
 
 
-def _kill_node_mid_run(logdir, total_steps, node, timeout, *extra):
-  """Starts a run, SIGKILLs `node(nodes.json)`'s pid once training logs, returns (process, out, err)."""
+def _idle_ray_workers(node_pid):
+  """The processes beside a node's (children of its raylet) that Ray started and left idle."""
+  raylet = int(open(f"/proc/{node_pid}/stat").read().rsplit(")", 1)[1].split()[1])
+  idle = []
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+      if ppid == raylet and open(f"/proc/{pid}/cmdline").read().startswith("ray::IDLE"):
+        idle.append(int(pid))
+    except (OSError, ValueError, IndexError):  # A process that ended meanwhile.
+      continue
+  return idle
+
+
+def _kill_node_mid_run(logdir, total_steps, node, timeout, *extra, check=None):
+  """Starts a run, SIGKILLs `node(nodes.json)`'s pid once training logs (after `check(nodes)`),
+  returns (process, out, err)."""
   process = subprocess.Popen(_cmd(f"--logdir={logdir}", f"--total_steps={total_steps}",
                                   "--log_every=500", "--eval_every=0", *extra),
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
   try:
     assert _wait_for(logdir / "nodes.json") and _wait_for(logdir / "train.csv")
-    os.kill(node(json.loads((logdir / "nodes.json").read_text()))["pid"], signal.SIGKILL)
+    nodes = json.loads((logdir / "nodes.json").read_text())
+    if check:
+      check(nodes)
+    os.kill(node(nodes)["pid"], signal.SIGKILL)
     stdout, stderr = process.communicate(timeout=timeout)
   finally:
     process.kill()
@@ -49,8 +67,12 @@ def _kill_node_mid_run(logdir, total_steps, node, timeout, *extra):
 
 def test_killed_actor_restarts_and_the_counts_add_up(tmp_path):
   logdir = tmp_path / "run"
-  process, stdout, stderr = _kill_node_mid_run(logdir, 6000, lambda n: n["actors"][0], 300)
+  idle = []  # The private Ray starts no workers beside the nodes' own processes.
+  process, stdout, stderr = _kill_node_mid_run(
+      logdir, 6000, lambda n: n["actors"][0], 300,
+      check=lambda n: idle.extend(_idle_ray_workers(n["learner"]["pid"])))
   assert process.returncode == 0, (stdout[-2000:], stderr[-3000:])
+  assert idle == []
   summary = json.loads((logdir / "summary.json").read_text())
   # One restart (a new process rejoined), however many calls failed while Ray restarted it.
   assert summary["actor_restarts"] == [1, 0] and summary["actor_restarts_total"] == 1
