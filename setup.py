@@ -40,6 +40,7 @@ setuptools.setup(
         "envpool": ENVPOOL,
         "minatar": MINATAR,
         "test": ["pytest>=8", "pytest-xdist>=3.2", "ray[rllib]>=2.60,<2.61", *ATARI, *ENVPOOL, *MINATAR,
-                 "tensorboard>=2.14"],  # Its event reader checks what tensorboardX wrote.
+                 "tensorboard>=2.14",  # Its event reader checks what tensorboardX wrote.
+                 "psutil>=5.9"],  # Ray's worker processes, read in the distributed tests.
     },
 )

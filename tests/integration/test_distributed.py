@@ -11,6 +11,7 @@ import sys
 import time
 
 import numpy as np
+import psutil
 import pytest
 
 from agents.dqn.config import ConfigError
@@ -34,14 +35,12 @@ def _wait_for(path, timeout=240):
 
 def _idle_ray_workers(node_pid):
   """The processes beside a node's (children of its raylet) that Ray started and left idle."""
-  raylet = int(open(f"/proc/{node_pid}/stat").read().rsplit(")", 1)[1].split()[1])
   idle = []
-  for pid in filter(str.isdigit, os.listdir("/proc")):
+  for process in psutil.Process(node_pid).parent().children():
     try:
-      ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
-      if ppid == raylet and open(f"/proc/{pid}/cmdline").read().startswith("ray::IDLE"):
-        idle.append(int(pid))
-    except (OSError, ValueError, IndexError):  # A process that ended meanwhile.
+      if " ".join(process.cmdline()).startswith("ray::IDLE"):
+        idle.append(process.pid)
+    except psutil.NoSuchProcess:  # Ended meanwhile.
       continue
   return idle
 
