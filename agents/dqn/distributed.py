@@ -41,8 +41,9 @@ from agents.dqn.ray_cluster import NodeCrashed
 from agents.dqn.variable_server import VariableServer
 from agents.dqn.run_loop import Source
 
-# At the end of a run, how long to wait for an actor that Ray is restarting to answer, so that a
-# restart that completes is counted (a restart takes seconds: a new process imports and builds).
+# At the end of a run, how long to wait for the actors' last calls, so that a crash near the end
+# is seen and a restart that completes is counted (a restart takes seconds: a new process imports
+# and builds).
 RESTART_SETTLE_S = 60.0
 
 
@@ -112,7 +113,6 @@ class DistributedSource(Source):
     self._lost: List[int] = []  # Actors whose restart failed (Ray does not retry those).
     self._evaluator_restarts, self._evaluator_failing = 0, False
     self._lives = [info["life"] for info in self._actor_info]  # A new life: a restart.
-    self._restarting: set = set()  # Actors whose process died and that Ray is restarting.
     self._returns: List[float] = []
     os.makedirs(experiment.logdir, exist_ok=True)
     # Where each node runs (pid, Ray node), for operators and the fault test.
@@ -198,7 +198,6 @@ class DistributedSource(Source):
             self._lose_actor(i, error)
             continue
           # Ray restarts it; its unsent transitions were never counted.
-          self._restarting.add(i)
           self._program.resume_actors(self._stats["actor_steps"], only=i)
         self._pending[self._actors[i].run.remote(self._actor_chunk)] = i
     try:
@@ -212,30 +211,32 @@ class DistributedSource(Source):
   def _count_life(self, i: int, life) -> bool:
     """Whether actor i, which answered, did so from a new process (a restart, counted once
     each)."""
-    self._restarting.discard(i)  # A process of it is up.
     if life == self._lives[i]:
       return False
     self._restarts[i] += 1
     self._lives[i] = life
     return True
 
-  def _settle_restarts(self) -> None:
-    """Asks each actor that Ray is restarting which process answers, for up to
-    RESTART_SETTLE_S in all, so that each restart that completes is counted; one that has
-    not completed by then is not. (A dead process's calls fail, with ActorUnavailableError
-    while Ray restarts it, so the question is asked again.)"""
+  def _settle_actors(self) -> None:
+    """Collects the actors' last calls, for up to RESTART_SETTLE_S in all, so that a crash near
+    the end is seen: a restart that completes is counted, one that Ray refused leaves its actor
+    lost (and says so), one not complete by then is not counted. (While Ray restarts a process,
+    calls to it fail with ActorUnavailableError, so the actor is asked again.)"""
     ray, deadline = self._ray, time.perf_counter() + RESTART_SETTLE_S
-    for i in sorted(self._restarting):
-      while i in self._restarting and time.perf_counter() < deadline:
+    pending, self._pending = self._pending, {}
+    while pending and time.perf_counter() < deadline:
+      ready, _ = ray.wait(list(pending), num_returns=1,
+                          timeout=max(0.1, deadline - time.perf_counter()))
+      for ref in ready:
+        i = pending.pop(ref)
         try:
-          life = ray.get(self._actors[i].info.remote(),
-                         timeout=max(0.1, deadline - time.perf_counter()))["life"]
-        except ray.exceptions.GetTimeoutError:
-          break
+          life = ray.get(ref)["life"]
         except ray.exceptions.RayActorError as error:
-          if getattr(error, "actor_init_failed", False):  # Its restart failed: not counted.
-            break
-          time.sleep(0.5)
+          if getattr(error, "actor_init_failed", False):  # Ray will not try it again.
+            self._lose_actor(i, error, at_end=True)
+          else:
+            time.sleep(0.5)
+            pending[self._actors[i].info.remote()] = i
           continue
         self._count_life(i, life)
 
@@ -243,15 +244,15 @@ class DistributedSource(Source):
     """`key`'s count since this start's training began, per second (0 when nothing trained)."""
     return (count - self._counts_at_start[key]) / seconds if seconds > 0 else 0.0
 
-  def _lose_actor(self, i: int, error: Exception) -> None:
-    """Goes on without actor i, whose restart failed; with no actor left the run stops."""
+  def _lose_actor(self, i: int, error: Exception, at_end: bool = False) -> None:
+    """Goes on without actor i, whose restart failed; with no actor left the run stops (at its
+    end, the run is complete and this is reported)."""
     self._lost.append(i)
-    self._restarting.discard(i)
     why = f"actor {i} could not start again after a crash: {ray_cluster.start_failure(error)}"
-    why = why.rstrip(".")
-    if len(self._lost) == len(self._actors):
+    why, left = why.rstrip("."), len(self._actors) - len(self._lost)
+    if not left and not at_end:
       raise NodeCrashed(f"No actor node is left: {why}.", resumable=True)
-    loggers.warn(f"{why}. The run goes on with {len(self._actors) - len(self._lost)} of "
+    loggers.warn(f"{why}. The run {'ended' if at_end else 'goes on'} with {left} of "
                  f"{len(self._actors)} actors.")
 
   def train_fields(self) -> Dict[str, Any]:
@@ -328,7 +329,7 @@ class DistributedSource(Source):
     ray.get(self._replay.close.remote())
     # Zero when this start trained nothing (a resume of a run that had reached its end).
     self._train_s = time.perf_counter() - (self._train_start or time.perf_counter())
-    self._settle_restarts()
+    self._settle_actors()
     for handle in self._actors:
       ray.kill(handle, no_restart=True)
     try:

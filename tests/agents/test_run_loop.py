@@ -244,7 +244,7 @@ def test_a_run_error_saves_a_checkpoint_first_only_when_the_state_is_intact(tmp_
     assert stopped.value is error and not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_the_driver_goes_on_without_an_actor_whose_restart_failed_until_none_is_left():
+def test_the_driver_goes_on_without_an_actor_whose_restart_failed_until_none_is_left(capsys):
   class DiedInItsConstructor(Exception):  # What Ray's ActorDiedError says of such an actor.
     actor_init_failed = True
 
@@ -254,7 +254,6 @@ def test_the_driver_goes_on_without_an_actor_whose_restart_failed_until_none_is_
 
   source = DistributedSource.__new__(DistributedSource)  # Only the actors' fields.
   source._actors, source._lost = ["actor 0", "actor 1"], []  # pylint: disable=protected-access
-  source._restarting = {1}  # pylint: disable=protected-access
   source._lose_actor(1, DiedInItsConstructor())  # pylint: disable=protected-access
   assert source._lost == [1]  # pylint: disable=protected-access
   with pytest.raises(checkpoints.RunError) as stopped:
@@ -262,6 +261,13 @@ def test_the_driver_goes_on_without_an_actor_whose_restart_failed_until_none_is_
   assert stopped.value.resumable and str(stopped.value) == (
       "No actor node is left: actor 0 could not start again after a crash: `num_envs`=9: too "
       "many. Use `num_envs` <= 3.")
+  # At the end the run is complete: its last actor's failed restart is reported, not raised.
+  at_end = DistributedSource.__new__(DistributedSource)
+  at_end._actors, at_end._lost = ["actor 0"], []  # pylint: disable=protected-access
+  capsys.readouterr()
+  at_end._lose_actor(0, DiedInItsConstructor(), at_end=True)  # pylint: disable=protected-access
+  assert at_end._lost == [0] and capsys.readouterr().err.endswith(  # pylint: disable=protected-access
+      "`num_envs` <= 3. The run ended with 0 of 1 actors.\n")
 
 
 def test_the_driver_counts_a_restart_when_a_new_process_answers_and_drops_a_lost_actor():
@@ -313,7 +319,7 @@ def test_the_driver_counts_a_restart_when_a_new_process_answers_and_drops_a_lost
   source._pending = {actor.remote(50): actor.i for actor in actors}
   source._learner_ref, source._eval_ref, source._train_start = "learner", None, 0.0
   source._restarts, source._lives, source._lost, source._returns = [0] * 4, ["a"] * 4, [], []
-  source._restarting, source._stats = set(), {"actor_steps": {}}
+  source._stats = {"actor_steps": {}}
   source._replay = types.SimpleNamespace(stats=types.SimpleNamespace(remote=lambda: "stats"))
   resumed = []
   source._program = types.SimpleNamespace(
@@ -326,47 +332,63 @@ def test_the_driver_counts_a_restart_when_a_new_process_answers_and_drops_a_lost
   assert calls[1] == 1  # No call after its failed restart.
   # Actors continue their epsilon schedules after a failed call and in a new life.
   assert sorted(resumed) == [0, 0, 0, 2, 3]
-  assert source._restarting == set()  # Actor 2's failed call was answered by the same life since.
 
 
-def test_at_the_end_a_restart_that_completes_is_counted_and_one_that_does_not_is_not(
-    monkeypatch):
-  """Actor 0 died near the end: its questions fail while Ray restarts it, then its new process
-  answers (one restart); actor 1 answers nothing before the wait ends; actor 2 is healthy and
-  is not asked."""
+def test_at_the_end_each_actors_last_call_shows_a_restart_counted_refused_or_not_complete(
+    monkeypatch, capsys):
+  """Actor 0 died near the end: its last call and a question fail while Ray restarts it, then its
+  new process answers (one restart); actor 1 answers nothing before the wait ends (not counted);
+  actor 2 is healthy; actor 3's restart failed in its constructor (lost, said once, the complete
+  run not stopped); actor 4 was lost during the run and has no call."""
   from agents.dqn import distributed  # pylint: disable=import-outside-toplevel
 
   class RayActorError(Exception):
     actor_init_failed = False
 
-  class GetTimeoutError(Exception):
-    pass
+  class InitFailed(RayActorError):
+    actor_init_failed = True
 
-  answers = {0: [RayActorError(), RayActorError(), "b"], 1: [GetTimeoutError()]}
-  asked = []
+    def __str__(self):
+      return "agents.dqn.config.ConfigError: `num_envs`=9: too many. Use `num_envs` <= 3."
+
+  answers = {0: [RayActorError(), RayActorError(), "b"], 1: [], 2: ["a"], 3: [InitFailed()]}
+  clock, asked = [0.0], []
 
   class Ray:
-    exceptions = types.SimpleNamespace(RayActorError=RayActorError,
-                                       GetTimeoutError=GetTimeoutError)
+    exceptions = types.SimpleNamespace(RayActorError=RayActorError)
 
-    def get(self, ref, timeout):
-      assert 0 < timeout <= distributed.RESTART_SETTLE_S
-      outcome = answers[ref].pop(0)
+    def wait(self, refs, num_returns, timeout):
+      assert num_returns == 1 and 0 < timeout <= distributed.RESTART_SETTLE_S
+      ready = [ref for ref in refs if answers[ref[0]]][:1]
+      if not ready:  # Only actor 1 is left: nothing answers before the wait ends.
+        clock[0] += timeout
+      return ready, [ref for ref in refs if ref not in ready]
+
+    def get(self, ref):
+      outcome = answers[ref[0]].pop(0)
       if isinstance(outcome, Exception):
         raise outcome
       return {"life": outcome}
 
   def actor(i):
-    return types.SimpleNamespace(info=types.SimpleNamespace(remote=lambda: asked.append(i) or i))
+    return types.SimpleNamespace(info=types.SimpleNamespace(
+        remote=lambda: asked.append(i) or (i, "info", len(asked))))
 
-  monkeypatch.setattr(distributed.time, "sleep", lambda s: None)
+  monkeypatch.setattr(distributed.time, "perf_counter", lambda: clock[0])
+  monkeypatch.setattr(distributed.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
   source = DistributedSource.__new__(DistributedSource)
   # pylint: disable=protected-access
-  source._ray, source._actors = Ray(), [actor(i) for i in range(3)]
-  source._restarts, source._lives, source._restarting = [0, 0, 0], ["a"] * 3, {0, 1}
-  source._settle_restarts()
-  assert source._restarts == [1, 0, 0] and source._lives == ["b", "a", "a"]
-  assert asked == [0, 0, 0, 1] and source._restarting == {1}
+  source._ray, source._actors = Ray(), [actor(i) for i in range(5)]
+  source._pending = {(i, "run", 0): i for i in range(4)}
+  source._restarts, source._lives, source._lost = [0] * 5, ["a"] * 5, [4]
+  source._settle_actors()
+  assert source._restarts == [1, 0, 0, 0, 0] and source._lives == ["b", "a", "a", "a", "a"]
+  assert source._lost == [4, 3] and source._pending == {}
+  assert asked == [0, 0]  # Only the actor Ray was restarting is asked again.
+  assert clock[0] >= distributed.RESTART_SETTLE_S  # Waited for actor 1 until the end.
+  assert capsys.readouterr().err == (
+      "warning: actor 3 could not start again after a crash: `num_envs`=9: too many. Use "
+      "`num_envs` <= 3. The run ended with 3 of 5 actors.\n")
 
 
 def test_an_evaluation_still_running_when_the_run_stops_is_made_up_on_resume(tmp_path):

@@ -5,6 +5,7 @@ import csv
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -93,8 +94,10 @@ def test_an_actor_whose_restart_is_refused_is_left_out_and_the_run_completes(tmp
       logdir, 6000, lambda n: n["actors"][0], 300,
       "--env=gymnasium:tests.fakes:CartPoleRefusedOnRestart-v0")
   assert process.returncode == 0, (stdout[-2000:], stderr[-3000:])
-  assert ("warning: actor 0 could not start again after a crash: --num_envs=1: this host cannot "
-          "hold the copies. Use another host. The run goes on with 1 of 2 actors.") in stderr
+  # Seen during the run ("goes on") or, when the run reached its end first, at its end ("ended").
+  assert re.search(r"^warning: actor 0 could not start again after a crash: --num_envs=1: this "
+                   r"host cannot hold the copies\. Use another host\. The run (goes on|ended) "
+                   r"with 1 of 2 actors\.$", stderr, re.M), stderr[-3000:]
   summary = json.loads((logdir / "summary.json").read_text())
   # Ray's restart failed in the constructor: no new process of actor 0 rejoined.
   assert summary["actors_lost"] == [0] and summary["actor_restarts"] == [0, 0]
