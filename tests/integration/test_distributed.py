@@ -272,8 +272,12 @@ def test_sigkill_after_a_checkpoint_then_resume_counts_every_step_once(tmp_path)
   assert 1500 <= saved < 3000
   assert summary["env_steps"] >= 3000 and summary["env_steps"] == sum(summary["actor_steps"])
   assert summary["env_steps_this_start"] == summary["env_steps"] - saved
-  # Rates count this start's steps alone (all steps over this start's time read about 2x).
-  assert summary["actor_sps"] < 1.5 * summary["sps_after_compile"]
+  # Rates count this start's steps alone. Counting every step would read at least
+  # env_steps / env_steps_this_start (about 2) times this start's steps over its time after
+  # compiling; below that, the margin is this start's time outside training, which a loaded
+  # host stretches (1.58x seen beside another heavy test; 1.11x alone).
+  counted_all = summary["env_steps"] / summary["env_steps_this_start"]
+  assert summary["actor_sps"] < 0.95 * counted_all * summary["sps_after_compile"]
   _assert_the_variant_ran(summary, MIQN)
   with open(logdir / "train.csv") as f:
     rows = list(csv.DictReader(f))
