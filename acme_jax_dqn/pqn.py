@@ -20,7 +20,6 @@ import dm_env
 import jax
 import jax.numpy as jnp
 import numpy as np
-import rlax
 
 from acme_jax_dqn import learning
 from acme_jax_dqn.networks import Networks
@@ -67,6 +66,7 @@ def q_lambda_returns(reward: chex.Array, discount: chex.Array, end: chex.Array,
   end_t): no return reaches across an episode end, and the rollout's last
   step bootstraps from v alone. `rlax.lambda_returns` per env copy.
   """
+  import rlax  # pylint: disable=import-outside-toplevel  # Imported by a learner alone.
   lambdas = lambda_ * (1.0 - end)
   return jax.vmap(rlax.lambda_returns, in_axes=1, out_axes=1)(
       reward, discount, next_value, lambdas)

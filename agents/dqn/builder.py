@@ -13,9 +13,7 @@ from acme_jax_dqn import actors
 from acme_jax_dqn import anakin
 from acme_jax_dqn import anakin_pqn
 from acme_jax_dqn import adders
-from acme_jax_dqn import fused_loss
 from acme_jax_dqn import learning
-from acme_jax_dqn import losses
 from acme_jax_dqn import networks as networks_lib
 from acme_jax_dqn import pqn
 from acme_jax_dqn import rate_limiting
@@ -44,6 +42,7 @@ class DQNBuilder:
                     env_name: str = "") -> networks_lib.Networks:
     c = self.config
     if c.fused_loss:  # Before anything is built: what the kernel cannot take, in one line.
+      from acme_jax_dqn import fused_loss  # pylint: disable=import-outside-toplevel  # As below.
       fused_loss.check_input(spec, c.torso, c.hidden_sizes, c.batch_size, c.double_q,
                              c.huber_delta, env_name)
     return networks_lib.make_networks(
@@ -57,6 +56,8 @@ class DQNBuilder:
 
   def make_loss(self):
     """The variant's loss object: C51, QR-DQN, IQN, M-IQN, Munchausen, PQN's or (double) Q-learning."""
+    # Here: rlax, with distrax and TFP (0.8 s of CPU), is imported by learning processes alone.
+    from acme_jax_dqn import fused_loss, losses  # pylint: disable=import-outside-toplevel
     c = self.config
     if c.pqn:
       return losses.ReturnRegressionLoss(huber_delta=c.huber_delta)
@@ -132,10 +133,8 @@ class DQNBuilder:
     return float(self.importance_sampling_schedule()(applied))
 
   def learner_calls_due(self, inserted: int) -> int:
-    """Learner calls the samples-per-insert rule allows after `inserted` replay items.
-
-    PQN makes one call per complete rollout (`inserted` counts its steps).
-    """
+    """Learner calls the samples-per-insert rule allows after `inserted` replay items (PQN:
+    one call per complete rollout, `inserted` counting its steps)."""
     c = self.config
     if c.pqn:
       return inserted // (c.pqn_rollout_len * c.num_envs)

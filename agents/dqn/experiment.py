@@ -22,8 +22,9 @@ __all__ = ["ExperimentConfig", "run_experiment", "set_anakin_cpu_devices", "sour
 
 
 def source_type(experiment: ExperimentConfig, config: DQNConfig) -> Type[run_loop.Source]:
-  """The run mode's source class, its libraries imported (rlax and the environment adapters;
-  in anakin mode also the environment's JAX library): each mode imports only its own.
+  """The run mode's source class, its libraries imported (the environment adapters; rlax where
+  this process learns; in anakin mode also the environment's JAX library): each mode imports
+  only its own (the distributed driver does not learn: its learner node imports rlax).
   Called with (experiment, config), the class builds the source (in anakin mode it compiles
   the program)."""
   if config.pqn and experiment.run_mode == "distributed":
@@ -31,6 +32,8 @@ def source_type(experiment: ExperimentConfig, config: DQNConfig) -> Type[run_loo
         "`pqn`=True with `run_mode`=distributed: PQN learns from each rollout once, with the "
         "parameters that collected it, so Ray actors acting on older parameters would make "
         "its Q(lambda) targets off-policy. Use `run_mode`=anakin (gymnax) or local.")
+  if experiment.run_mode != "distributed":  # It learns in this process: rlax, for its losses.
+    from acme_jax_dqn import losses  # pylint: disable=import-outside-toplevel,unused-import
   if experiment.run_mode == "anakin":
     from acme_jax_dqn import envs  # pylint: disable=import-outside-toplevel
     from agents.dqn.anakin import AnakinSource  # pylint: disable=import-outside-toplevel

@@ -99,3 +99,31 @@ def test_building_an_anakin_run_compiles_eager_operations_for_the_host_alone(tmp
     assert len(eager) >= 3, eager  # The spaces' operations and the seeds' keys did compile,
     assert any(name in ("jit(_threefry_seed)", "jit(PRNGKey)") for name in names), eager
     assert [name for name, host in eager if not host] == [], eager
+
+
+_MODE_IMPORTS = """
+import json, sys
+from agents.dqn import DQNConfig
+from agents.dqn import experiment as experiment_lib
+from agents.dqn.builder import DQNBuilder
+libraries = ("rlax", "distrax", "tensorflow_probability")
+experiment = experiment_lib.ExperimentConfig(env="gymnasium:CartPole-v1", run_mode=sys.argv[1])
+experiment_lib.source_type(experiment, DQNConfig())
+import agents.dqn.distributed_nodes  # What each of the distributed program's nodes imports.
+imported = [[name in sys.modules for name in libraries]]
+DQNBuilder(DQNConfig(iqn=True, munchausen=True)).make_loss()  # What its learner node does.
+imported.append([name in sys.modules for name in libraries])
+print(json.dumps(imported))
+"""
+
+
+def test_rlax_is_imported_before_the_clock_where_the_process_learns_and_not_by_the_nodes():
+  """rlax (with distrax and TFP's JAX substrate, 0.8 s of CPU) is imported by the local and
+  anakin modes' `source_type`, before `compile_s`'s clock; the distributed driver, and its
+  nodes but the learner (which makes the loss), never import it."""
+  for mode, before in (("distributed", False), ("local", True)):
+    result = subprocess.run([sys.executable, "-c", _MODE_IMPORTS, mode], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    imported = json.loads(result.stdout.strip().splitlines()[-1])
+    assert imported == [[before] * 3, [True] * 3], (mode, imported)
