@@ -193,9 +193,9 @@ def test_more_actors_than_the_host_can_run_as_processes_are_refused_before_ray_s
   ray_cluster.check_node_processes(5, limit=math.ceil(five / 0.9))  # Just fits.
   with pytest.raises(ConfigError, match=r"`num_actors`=5: .* Use `num_actors` <= 4,"):
     ray_cluster.check_node_processes(5, limit=math.ceil(five / 0.9) - 2)  # Just does not.
-  with pytest.raises(ConfigError, match=r"`num_actors`=6: .* 10 of them .*128 MiB each, the "
-                     r"variable server at 32 MiB.* need at least 1.2 GiB and the host holds "
-                     r"1.2 GiB. Use `num_actors` <= 5,"):
+  with pytest.raises(ConfigError, match=r"`num_actors`=6: .* 10 of them .*96 MiB each, the "
+                     r"variable server at 32 MiB.* need at least 0.9 GiB and the host holds "
+                     r"0.9 GiB. Use `num_actors` <= 5,"):
     ray_cluster.check_node_processes(6, limit=int((five + each // 2) / 0.9))
   with pytest.raises(ConfigError, match=r"Not one actor fits beside the other nodes here: use a "
                      r"cluster \(`ray_address`\)\.$"):
