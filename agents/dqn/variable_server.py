@@ -1,8 +1,8 @@
 """The distributed program's variable server: the newest parameters, as one Ray object.
 
 Its module imports nothing heavy, so that the Ray process that holds it
-starts without JAX (a process importing the kit's nodes takes about 2.5 s
-of CPU and a few hundred MB before it serves anything).
+starts without JAX: with Ray, its imports take about 0.7 s of CPU and 40 MiB
+(RssAnon), the kit's nodes' about 2.4 s and 112 MiB.
 """
 
 from typing import Any, List
