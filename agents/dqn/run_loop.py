@@ -191,12 +191,17 @@ def _drive(experiment, config, source: Source, start: float, run_checkpoints, ca
   eval_s = 0.0
 
   def log_evals(results: List[EvalResult]) -> None:
+    nonlocal next_eval
     for env_steps, learner_steps, returns in results:
       row = summary_lib.eval_row(env_steps, learner_steps, time.perf_counter() - start,
                                  returns, source.seeds)
       run_log.eval({k: v for k, v in row.items() if k != "eval_return_per_seed"})
       eval_rows.append(row)
       callbacks("eval", row)
+      if next_eval is not None:  # One of parameters at or past a due step is that step's (a
+        # source may run an evaluation again itself: a restarted distributed evaluator).
+        next_eval = max(next_eval,
+                        checkpoints.next_multiple(env_steps + source.eval_slack, every))
 
   def evaluate(wait: bool) -> bool:
     nonlocal eval_s

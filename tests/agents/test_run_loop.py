@@ -133,6 +133,42 @@ def test_a_background_evaluation_keeps_the_steps_it_started_at_and_the_end_is_ev
   assert _column(path, "eval_return_mean") == [200, 400, 600]
 
 
+class RestartingEvaluatorSource(CountingSource):
+  """The first evaluation's evaluator crashes: the source sends the evaluation again at each
+  advance, of the parameters then, and it fails once more before the evaluator is back (as
+  DistributedSource does while Ray restarts its evaluator)."""
+
+  def __init__(self, **kwargs):
+    super().__init__(async_evals=True, **kwargs)
+    self.failures_left = None
+
+  def advance(self, target_steps, should_stop):
+    if self.pending is not None and self.failures_left is None:
+      self.failures_left = 2
+    if not self.failures_left:
+      super().advance(target_steps, should_stop)
+      return
+    self.failures_left -= 1
+    self.pending = None  # It failed; sent again after this advance's steps.
+    super().advance(target_steps, should_stop)
+    again = (self.env_steps, self.learner_steps, [float(self.env_steps)] * 2)
+    if self.failures_left:
+      self.pending = again
+    else:
+      self.evals.append(again)
+
+
+def test_an_evaluation_the_source_ran_again_past_the_next_due_step_stands_for_that_step(
+    tmp_path):
+  experiment = _experiment(tmp_path, total_steps=600, log_every=100, eval_every=200)
+  _run(experiment, RestartingEvaluatorSource(total=600, step=100))
+  # Started at 200, run again until it answered at 400 (the start due at 400 found it still
+  # running): that row is the evaluation due at 400, not one more of the same parameters.
+  path = tmp_path / "run" / "eval.csv"
+  assert _column(path, "env_steps") == [400, 600]
+  assert _column(path, "learner_steps") == [200, 300]
+
+
 def test_sigterm_saves_a_checkpoint_at_the_next_boundary_and_stops(tmp_path):
   assert threading.current_thread() is threading.main_thread()  # Where signals are handled.
   before = signal.getsignal(signal.SIGTERM)  # Another test's in-process Ray may have set one.
