@@ -31,6 +31,9 @@ setuptools.setup(
         "tqdm>=4.60",
         "flatbuffers>=24.3",  # jax.export's serialisation (launch.export).
         "numpy>=1.24",
+        # JAX's dtypes. 0.7.0's extension takes 0.7-1.2 s of CPU to import (0.6.0: under 0.01 s)
+        # in every process that imports JAX: each run, each Ray node (tests/agents/test_startup.py).
+        "ml_dtypes>=0.5,<0.7",
     ],
     extras_require={
         "distributed": ["ray>=2.9"],

@@ -12,7 +12,7 @@ from agents.dqn.config import ConfigError
 
 NODES_BESIDE_ACTORS = 3  # The replay, the learner and the evaluator.
 # Less than any of the kit's node processes holds of its own: a process that has imported Ray
-# and the nodes' module holds about 112 MiB (its RssAnon), a CartPole actor node about 133 MiB
+# and the nodes' module holds about 107 MiB (its RssAnon), a CartPole actor node about 133 MiB
 # (the learner, which alone imports rlax, about 222 MiB).
 NODE_PROCESS_BYTES = 96 * 2**20
 # The variable server's process imports Ray and no JAX: about 41 MiB.
