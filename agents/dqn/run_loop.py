@@ -198,8 +198,8 @@ def _drive(experiment, config, source: Source, start: float, run_checkpoints, ca
       run_log.eval({k: v for k, v in row.items() if k != "eval_return_per_seed"})
       eval_rows.append(row)
       callbacks("eval", row)
-      if next_eval is not None:  # One of parameters at or past a due step is that step's (a
-        # source may run an evaluation again itself: a restarted distributed evaluator).
+      if next_eval is not None:  # An evaluation at or past a due step stands for it (a source
+        # may run one again on its own: a distributed evaluator that Ray restarted).
         next_eval = max(next_eval,
                         checkpoints.next_multiple(env_steps + source.eval_slack, every))
 
