@@ -163,6 +163,30 @@ def test_a_breakout_only_bench_run_needs_no_checkout(tmp_path):
   assert "| ours | Breakout-MinAtar | 1 | 6.0 | 1,000 |" in out.read_text()
 
 
+_PAIRS = '''
+import sys
+from absl import app
+from bench import gpu_speed, harness
+ours_sps = iter([900.0, 1300.0, 1250.0])  # Against PureJaxRL's 1,000: 0.90x, 1.30x, 1.25x.
+gpu_speed.check_peer = lambda *a, **k: None
+gpu_speed.peer = lambda n: {"compile_s": 4.0, "sps_after_compile": 1000.0, "outside_run_s": 8.0}
+harness.run_preset = lambda *a, **k: {"compile_s": 5.0, "wall_s": 20.0, "eval_s": 0.1,
+                                      "sps_after_compile_all_seeds": next(ours_sps)}
+sys.argv = ["gpu_speed", "--num_seeds=1", "--minatar_seeds=", "--repeats=3",
+            "--out=" + sys.argv[1]]
+app.run(gpu_speed.main)
+'''
+
+
+def test_gpu_speed_gives_the_median_of_its_pairs_and_judges_the_goal_by_it(tmp_path):
+  out = tmp_path / "pairs.md"
+  result = subprocess.run([sys.executable, "-c", _PAIRS, str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert ("- 1 seed(s), median of 3 pairs: 1.25x PureJaxRL's env steps/s (lowest 0.90x, "
+          "highest 1.30x; goal >= 1.2: met).") in out.read_text()
+
+
 def test_a_bench_run_without_the_checkout_says_what_to_clone_before_running(tmp_path):
   result = subprocess.run(
       [sys.executable, "-m", "bench.gpu_speed", "--num_seeds=1", "--minatar_seeds=",
