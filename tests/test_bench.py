@@ -143,48 +143,46 @@ def test_gpu_speed_reports_a_failed_run_in_one_line_naming_the_seeds():
   assert "ours failed on gymnax:CartPole-v1 at --num_seeds=4096 (exit code 2)." in out.stderr
 
 
-_BREAKOUT_ONLY = '''
+_FAKE_RUNS = '''
 import sys
 from absl import app
 from bench import gpu_speed, harness
+out, ours_sps, fake_peer, *flags = sys.argv[1:]
+ours_sps = iter(float(v) for v in ours_sps.split(","))
+if fake_peer == "yes":  # PureJaxRL's runs at 1,000 env steps/s, and no checkout to read.
+  gpu_speed.purejaxrl_peer.load = lambda *a, **k: None
+  gpu_speed.peer = lambda n: {"compile_s": 4.0, "sps_after_compile": 1000.0,
+                              "outside_run_s": 8.0}
 harness.run_preset = lambda *a, **k: {"compile_s": 6.0, "wall_s": 20.0, "eval_s": 0.1,
-                                      "sps_after_compile_all_seeds": 1000.0}
-sys.argv = ["gpu_speed", "--num_seeds=", "--minatar_seeds=1", "--out=" + sys.argv[1]]
+                                      "sps_after_compile_all_seeds": next(ours_sps)}
+sys.argv = ["gpu_speed", *flags, "--out=" + out]
 app.run(gpu_speed.main)
 '''
+
+
+def _gpu_speed_on_fake_runs(out, ours_sps, fake_peer, *flags):
+  """bench/gpu_speed.py's table at `out`, our runs' env steps/s taken from `ours_sps` in turn."""
+  result = subprocess.run(
+      [sys.executable, "-c", _FAKE_RUNS, str(out), ",".join(map(str, ours_sps)),
+       "yes" if fake_peer else "no", *flags], cwd=ROOT, capture_output=True, text=True,
+      timeout=120)
+  assert result.returncode == 0, result.stderr[-2000:]
+  return out.read_text()
 
 
 def test_a_breakout_only_bench_run_needs_no_checkout(tmp_path):
   """No CartPole seeds, no PureJaxRL run: its checkout is not asked for."""
-  out = tmp_path / "breakout.md"
-  result = subprocess.run([sys.executable, "-c", _BREAKOUT_ONLY, str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-  assert result.returncode == 0, result.stderr[-2000:]
-  assert "| ours | Breakout-MinAtar | 1 | 6.0 | 1,000 |" in out.read_text()
-
-
-_PAIRS = '''
-import sys
-from absl import app
-from bench import gpu_speed, harness
-ours_sps = iter([900.0, 1300.0, 1250.0])  # Against PureJaxRL's 1,000: 0.90x, 1.30x, 1.25x.
-gpu_speed.check_peer = lambda *a, **k: None
-gpu_speed.peer = lambda n: {"compile_s": 4.0, "sps_after_compile": 1000.0, "outside_run_s": 8.0}
-harness.run_preset = lambda *a, **k: {"compile_s": 5.0, "wall_s": 20.0, "eval_s": 0.1,
-                                      "sps_after_compile_all_seeds": next(ours_sps)}
-sys.argv = ["gpu_speed", "--num_seeds=1", "--minatar_seeds=", "--repeats=3",
-            "--out=" + sys.argv[1]]
-app.run(gpu_speed.main)
-'''
+  table = _gpu_speed_on_fake_runs(tmp_path / "breakout.md", [1000], False, "--num_seeds=",
+                                  "--minatar_seeds=1")
+  assert "| ours | Breakout-MinAtar | 1 | 6.0 | 1,000 |" in table
 
 
 def test_gpu_speed_gives_the_median_of_its_pairs_and_judges_the_goal_by_it(tmp_path):
-  out = tmp_path / "pairs.md"
-  result = subprocess.run([sys.executable, "-c", _PAIRS, str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-  assert result.returncode == 0, result.stderr[-2000:]
+  # Against PureJaxRL's 1,000 env steps/s: 0.90x, 1.30x, 1.25x.
+  table = _gpu_speed_on_fake_runs(tmp_path / "pairs.md", [900, 1300, 1250], True,
+                                  "--num_seeds=1", "--minatar_seeds=", "--repeats=3")
   assert ("- 1 seed(s), median of 3 pairs: 1.25x PureJaxRL's env steps/s (lowest 0.90x, "
-          "highest 1.30x; goal >= 1.2: met).") in out.read_text()
+          "highest 1.30x; goal >= 1.2: met).") in table
 
 
 def test_a_bench_run_without_the_checkout_says_what_to_clone_before_running(tmp_path):
