@@ -11,11 +11,11 @@ full run against their sum.
 
 With `--reference`, it also times the same number of steps of a learner
 written here by hand for plain DQN with the run's settings (an MLP in
-Haiku, Adam in optax, uniform indices into arrays of the replay's
+Haiku, the kit's optax chain, uniform indices into arrays of the replay's
 capacity, the squared or Huber TD error against a target copy replaced
-every `target_update_period` steps): what that math costs written plainly with these
-libraries, so `sgd_over_reference` says what the kit's learner step adds
-to it. Plain DQN only: a run flag it does not model stops it with exit code 2.
+every `target_update_period` steps): what that math costs written
+plainly with these libraries, so `sgd_over_reference` says what the
+kit's learner step adds to it. Plain DQN only: a run flag it does not model stops it with exit code 2.
 """
 
 import json
@@ -29,6 +29,7 @@ import jax
 import numpy as np
 
 from acme_jax_dqn import envs
+from acme_jax_dqn import learning
 from acme_jax_dqn import xla_setup
 from agents.dqn.anakin import AnakinPlan
 from agents.dqn.builder import DQNBuilder
@@ -118,14 +119,10 @@ def _reference_program(config, spec, calls: int):
   num_actions = spec.actions.num_values
   q_network = hk.without_apply_rng(hk.transform(
       lambda x: hk.nets.MLP([*config.hidden_sizes, num_actions])(x)))
-  if config.learning_rate_schedule == "linear":
-    learning_rate = optax.linear_schedule(config.learning_rate, config.learning_rate_end,
-                                          config.learning_rate_decay_steps)
-  else:
-    learning_rate = config.learning_rate
-  optimiser = optax.adam(learning_rate, eps=config.adam_eps)
-  if config.max_grad_norm > 0:
-    optimiser = optax.chain(optax.clip_by_global_norm(config.max_grad_norm), optimiser)
+  optimiser = learning.make_optimizer(  # The kit's optax chain: the same update rule.
+      learning.make_learning_rate(config.learning_rate, config.learning_rate_schedule,
+                                  config.learning_rate_decay_steps, config.learning_rate_end),
+      config.max_grad_norm, config.adam_eps)
   capacity, obs_shape = config.replay_capacity, spec.observations.shape
   keys = jax.random.split(jax.random.PRNGKey(1), 4)
   replay = {"obs": jax.random.normal(keys[0], (capacity, *obs_shape)),
