@@ -12,7 +12,7 @@ import os
 import sys
 import time
 import types
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import jax
 
@@ -70,10 +70,12 @@ def make_train(module: types.ModuleType, config: Dict[str, Any]) -> Callable:
   return jax.vmap(module.make_train(config))
 
 
-def compile_train(checkout: str, num_seeds: int, config: Dict[str, Any]) -> Tuple[float, Any, Any]:
+def compile_train(checkout: str, num_seeds: int, config: Dict[str, Any],
+                  module: Optional[types.ModuleType] = None) -> Tuple[float, Any, Any]:
   """(seconds to lower and compile, the compiled program, its keys): the script's program
-  with `config` for `num_seeds` keys split from PRNGKey(0); `compiled(keys)` runs it."""
-  train = jax.jit(make_train(load(checkout), config))
+  with `config` for `num_seeds` keys split from PRNGKey(0); `compiled(keys)` runs it.
+  `module`: the script as `load` gave it (default: loaded from `checkout` here)."""
+  train = jax.jit(make_train(module or load(checkout), config))
   keys = jax.random.split(jax.random.PRNGKey(0), num_seeds)
   start = time.perf_counter()
   compiled = train.lower(keys).compile()
@@ -81,14 +83,28 @@ def compile_train(checkout: str, num_seeds: int, config: Dict[str, Any]) -> Tupl
 
 
 def time_run(checkout: str, num_seeds: int, total_steps: int,
-             env_name: str = "CartPole-v1") -> Dict[str, float]:
-  """Compiles then runs the script's program once: compile s, run s, env steps/s (all seeds)."""
+             env_name: str = "CartPole-v1") -> Dict[str, Any]:
+  """Compiles then runs the script's program once, timing each part.
+
+  `compile_s`: its program's lower and compile. `setup_s`: from the end of
+  the script's imports to the compiled program: the backend's start where
+  the imports left it (`backend_s`; gymnax's import makes arrays, so it
+  starts the backend, on a GPU its client and the memory XLA
+  preallocates), the environment, the keys, lower and compile; the span
+  our runs' `compile_s` covers (ours also holds the init's first call).
+  Then the run: `run_s` and env steps/s over all seeds.
+  """
+  module = load(checkout)  # The script's imports (gymnax, flax, optax), before the clock.
+  start = time.perf_counter()
+  jax.devices()  # The backend starts here, unless an import made an array already.
+  backend_s = time.perf_counter() - start
   compile_s, compiled, keys = compile_train(checkout, num_seeds,
-                                            main_config(total_steps, env_name))
+                                            main_config(total_steps, env_name), module)
+  setup_s = time.perf_counter() - start
   start = time.perf_counter()
   jax.block_until_ready(compiled(keys))
   run_s = time.perf_counter() - start
-  return {"compile_s": compile_s, "run_s": run_s,
+  return {"compile_s": compile_s, "backend_s": backend_s, "setup_s": setup_s, "run_s": run_s,
           "sps_after_compile": num_seeds * total_steps / run_s, "backend": jax.default_backend()}
 
 

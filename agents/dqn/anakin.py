@@ -213,6 +213,7 @@ class AnakinSource(Source):
       networks = builder.make_networks(env.spec, experiment.env)
     except ValueError as error:
       raise ConfigError(str(error)) from error
+    phase("environment_made")  # With the builder and the networks.
     self.spec = env.spec
     self._trainer = trainer = builder.make_anakin(env, networks, experiment.eval_episodes)
     self._plan = plan = AnakinPlan(trainer, config, experiment)

@@ -405,9 +405,10 @@ def test_a_device_with_a_batch_of_seeds_runs_the_warmup_as_loops(tmp_path, monke
   # Where compile_s went: each program is lowered before it compiles, and a CPU run is ready
   # once every program has compiled and the init has run, within compile_s.
   phases = loops["compile_phases_s"]
-  assert set(phases) == {"init_lowered", "init_compiled", "first_chunk_lowered",
-                         "first_chunk_compiled", "evaluation_compiled", "chunk_2_compiled",
-                         "all_lowered", "ready"}, phases
+  assert set(phases) == {"environment_made", "init_lowered", "init_compiled",
+                         "first_chunk_lowered", "first_chunk_compiled", "evaluation_compiled",
+                         "chunk_2_compiled", "all_lowered", "ready"}, phases
+  assert phases["environment_made"] <= phases["init_lowered"]
   assert phases["init_lowered"] <= phases["first_chunk_lowered"] <= phases["all_lowered"]
   assert phases["init_lowered"] <= phases["init_compiled"]
   assert phases["first_chunk_lowered"] <= phases["first_chunk_compiled"]
