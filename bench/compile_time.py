@@ -69,11 +69,11 @@ def theirs_s(total_steps: int, num_seeds: int) -> float:
 
 def main(argv):
   del argv
-  if FLAGS.purejaxrl_dir:
-    purejaxrl_peer.load(FLAGS.purejaxrl_dir)  # A missing checkout stops here, before compiling.
   config, experiment = harness.anakin_run_flags(FLAGS.repeats)
   num_seeds = experiment.num_seeds
   set_anakin_cpu_devices(experiment)  # run_dqn's CPU layout, before the CPU client exists.
+  if FLAGS.purejaxrl_dir:  # After: the script's gymnax import makes arrays, so the client.
+    purejaxrl_peer.load(FLAGS.purejaxrl_dir)  # A missing checkout stops here, before compiling.
   jax.config.update("jax_enable_compilation_cache", False)
   # One build first, not counted: what it pays once (imports, JAX tracing its own library
   # functions) is the process's, whichever schedule comes next.

@@ -61,8 +61,9 @@ def anakin_run_flags(repeats: int):
   if experiment.run_mode != "anakin":
     bad_input(f"--run_mode={experiment.run_mode}: this bench times anakin mode; pass an "
               f"anakin flagfile, e.g. --flagfile={ANAKIN_CFG}.")
-  if experiment.one_cpu_core:
-    xla_setup.run_xla_on_one_cpu_core()
+  if experiment.one_cpu_core and not xla_setup.run_xla_on_one_cpu_core():
+    bad_input("--one_cpu_core: XLA's CPU client exists already (or this platform sets no CPU "
+              "affinity), so it cannot be made on one core here; run without --one_cpu_core.")
   return config, experiment
 
 
@@ -142,6 +143,32 @@ def jax_here() -> Summary:
   import jax  # pylint: disable=import-outside-toplevel
   return {"versions": {"jax": jax.__version__}, "backend": jax.default_backend(),
           "device_kind": jax.devices()[0].device_kind}
+
+
+def thread_cpu_s() -> Dict[int, float]:
+  """CPU seconds (user + system) each thread of this process has used, by thread id, read
+  from /proc (Linux); empty elsewhere."""
+  ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+  used = {}
+  try:
+    tids = os.listdir("/proc/self/task")
+  except OSError:
+    return used
+  for tid in tids:
+    try:
+      with open(f"/proc/self/task/{tid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:  # The thread ended.
+      continue
+    used[int(tid)] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime.
+  return used
+
+
+def busiest_and_rest(before: Dict[int, float], after: Dict[int, float]) -> Optional[tuple]:
+  """(CPU s of the busiest thread, CPU s of all the others) between two `thread_cpu_s`
+  readings; None where there are none."""
+  spent = sorted((after[t] - before.get(t, 0.0) for t in after), reverse=True)
+  return (spent[0], sum(spent[1:])) if spent else None
 
 
 def table_lines(header: Sequence[str]) -> List[str]:

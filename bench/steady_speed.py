@@ -9,7 +9,10 @@ after compile moved by 1.8x between runs). Here both programs are
 compiled once, side by side in one process, then called alternately
 `--repeats` + 1 times; the first pair warms up and is not counted. Each
 pair gives a ratio (env steps/s, ours over theirs); the table prints every
-pair and the median.
+pair and the median, and each call's CPU time on the process's busiest
+thread and on the others (on Linux), which shows whether XLA ran the
+call's loop on one worker thread or split it between two. With
+`--one_cpu_core` XLA's CPU client is made on one core, for both programs.
 
 A call of ours is what `launch.run_dqn` does after compiling with the
 same run flags (cartpole_anakin_purejaxrl.cfg has the peer's settings):
@@ -53,10 +56,16 @@ FLAGS = flags.FLAGS
 
 
 def _timed(fn):
-  """(seconds, what fn returned)."""
+  """(seconds, what fn returned, (CPU s of the busiest thread, of the others) or None)."""
+  threads = harness.thread_cpu_s()
   start = time.perf_counter()
   result = fn()
-  return time.perf_counter() - start, result
+  seconds = time.perf_counter() - start
+  return seconds, result, harness.busiest_and_rest(threads, harness.thread_cpu_s())
+
+
+def _cpu_text(split) -> str:
+  return f"{split[0]:.2f} + {split[1]:.2f}" if split else "n/a"
 
 
 def ours_program(experiment, config):
@@ -106,8 +115,10 @@ def theirs_program(total_steps: int, num_seeds: int):
 
 def main(argv):
   del argv
-  purejaxrl_peer.load(FLAGS.purejaxrl_dir)  # A missing checkout stops here, before compiling.
+  # The flags first: `one_cpu_core` must make XLA's CPU client before anything else (the
+  # script's gymnax import makes arrays, which makes the client).
   config, experiment = harness.anakin_run_flags(FLAGS.repeats)
+  purejaxrl_peer.load(FLAGS.purejaxrl_dir)  # A missing checkout stops here, before compiling.
   num_seeds = experiment.num_seeds
   with xla_setup.prng_impl(experiment.prng_impl):
     ours_compile, ours_run, plan = ours_program(experiment, config)
@@ -115,21 +126,22 @@ def main(argv):
   theirs_compile, theirs_run, theirs_steps = theirs_program(experiment.total_steps, num_seeds)
   pairs, checksums = [], set()
   for repeat in range(FLAGS.repeats + 1):
-    t_theirs, _ = _timed(theirs_run)
+    t_theirs, _, cpu_theirs = _timed(theirs_run)
     with xla_setup.prng_impl(experiment.prng_impl):
-      t_ours, params = _timed(ours_run)
+      t_ours, params, cpu_ours = _timed(ours_run)
     checksums.add(checkpointing.params_checksum(jax.device_get(params)))
     if repeat:
-      pairs.append((t_ours, t_theirs))
+      pairs.append((t_ours, t_theirs, cpu_ours, cpu_theirs))
   table = harness.PrintedTable(
-      ["pair", "PureJaxRL s", "PureJaxRL env steps/s", "ours s", "ours env steps/s",
+      ["pair", "PureJaxRL s", "PureJaxRL env steps/s", "PureJaxRL CPU s (busiest thread + "
+       "the others)", "ours s", "ours env steps/s", "ours CPU s (busiest thread + the others)",
        "ours / PureJaxRL"], summary=harness.jax_here())
   ratios = []
-  for i, (t_ours, t_theirs) in enumerate(pairs):
+  for i, (t_ours, t_theirs, cpu_ours, cpu_theirs) in enumerate(pairs):
     sps_ours, sps_theirs = ours_steps * num_seeds / t_ours, theirs_steps * num_seeds / t_theirs
     ratios.append(sps_ours / sps_theirs)
-    table.add(f"| {i + 1} | {t_theirs:.2f} | {sps_theirs:,.0f} | {t_ours:.2f} | "
-              f"{sps_ours:,.0f} | {ratios[-1]:.2f}x |")
+    table.add(f"| {i + 1} | {t_theirs:.2f} | {sps_theirs:,.0f} | {_cpu_text(cpu_theirs)} | "
+              f"{t_ours:.2f} | {sps_ours:,.0f} | {_cpu_text(cpu_ours)} | {ratios[-1]:.2f}x |")
   table.close(
       FLAGS.out or f"bench/results/purejaxrl_steady_{jax.default_backend()}.md",
       f"compared: ours (the run flags of the command, {num_seeds} seed(s), {ours_steps:,} env "
@@ -139,7 +151,11 @@ def main(argv):
       f"once in this process (ours {ours_compile:.1f} s, PureJaxRL {theirs_compile:.1f} s), "
       f"then run alternately, a warm-up pair first and not shown. Median over {len(ratios)} "
       f"pairs: **{statistics.median(ratios):.2f}x** PureJaxRL's env steps/s (lowest "
-      f"{min(ratios):.2f}x, highest {max(ratios):.2f}x). Ours' parameters after each call: "
+      f"{min(ratios):.2f}x, highest {max(ratios):.2f}x). CPU s: the CPU time each call took "
+      "on this process's busiest thread, and on all its other threads (XLA's workers among "
+      "them), from /proc; a call whose loop ran on one worker thread spends nearly all of it "
+      "on that one, while a call split between two spends more CPU s than its wall time. "
+      "Ours' parameters after each call: "
       + (f"the same every call (params_checksum {checksums.pop()}, as launch.run_dqn's "
          "summary.json gives for these flags)." if len(checksums) == 1 else
          f"{len(checksums)} different checksums: the calls did not compute the same run."))

@@ -6,9 +6,12 @@ import os
 import re
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
+from bench import harness
 from bench import hlo_count
 from bench import purejaxrl_peer
 
@@ -235,6 +238,46 @@ def test_the_steady_bench_times_the_run_that_run_dqn_makes_every_call(tmp_path, 
     summary = json.load(f)
   assert int(chunks) >= 2
   assert first == second == summary["params_checksum"]
+
+
+def test_the_cpu_time_of_a_busy_thread_is_read_as_the_busiest():
+  """What the steady bench reads to tell a call on one thread from one split between two."""
+  spun, done = threading.Event(), threading.Event()
+
+  def spin():
+    end = time.process_time() + 0.4  # This process's CPU time: 0.4 s of it spent here.
+    while time.process_time() < end:
+      pass
+    spun.set()
+    done.wait()  # Alive while read: /proc lists live threads only.
+
+  before = harness.thread_cpu_s()
+  worker = threading.Thread(target=spin)
+  worker.start()
+  spun.wait()
+  busiest, rest = harness.busiest_and_rest(before, harness.thread_cpu_s())
+  done.set()
+  worker.join()
+  assert busiest >= 0.3 and rest < 0.2, (busiest, rest)
+
+
+def test_one_cpu_core_that_cannot_apply_is_refused_in_one_line():
+  """Under --one_cpu_core the benches make XLA's CPU client on one core; where it exists
+  already they say so instead of timing both cores as if on one."""
+  code = ("import sys, jax\n"
+          "from absl import flags\n"
+          "from bench import harness\n"
+          "from launch import flags as launch_flags\n"
+          "launch_flags.define_flags()\n"
+          "flags.FLAGS(['b', '--run_mode=anakin', '--one_cpu_core'])\n"
+          "jax.numpy.zeros(1)  # The client exists from here.\n"
+          "harness.anakin_run_flags(1)\n")
+  result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines()[-1].endswith(
+      "--one_cpu_core: XLA's CPU client exists already (or this platform sets no CPU "
+      "affinity), so it cannot be made on one core here; run without --one_cpu_core.")
 
 
 def test_the_steady_bench_without_the_checkout_says_what_to_clone():
