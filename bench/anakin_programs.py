@@ -108,20 +108,37 @@ def programs(experiment, config, num_seeds: int, variants=None):
   return out, plan, trainer.warmup_iterations
 
 
-def timed_rounds(progs, repeats: int) -> Tuple[Dict[str, List[float]], Dict[str, tuple]]:
+def timed_rounds(progs, repeats: int, cpu: Optional[Dict[str, list]] = None
+                 ) -> Tuple[Dict[str, List[float]], Dict[str, tuple]]:
   """({name: [seconds of each timed round]}, {name: the last run's result}): every program of
   `progs` (from `programs`) called once per round, `repeats` timed rounds after an untimed
-  warm-up round; the order turns by one each round, so no program always runs first."""
+  warm-up round; the order turns by one each round, so no program always runs first. `cpu`,
+  where given, gets each timed call's (CPU s of the busiest thread, of the others) by name
+  (`harness.busiest_and_rest`; None where /proc is not there)."""
   names = list(progs)
   times, results = {name: [] for name in names}, {}
   for repeat in range(repeats + 1):
     turn = repeat % len(names)
     for name in names[turn:] + names[:turn]:
+      threads = harness.thread_cpu_s()
       start = time.perf_counter()
       results[name] = progs[name].run()
       if repeat:
         times[name].append(time.perf_counter() - start)
+        if cpu is not None:
+          cpu.setdefault(name, []).append(
+              harness.busiest_and_rest(threads, harness.thread_cpu_s()))
   return times, results
+
+
+def split_calls(cpu_of_calls: List[Optional[tuple]]) -> str:
+  """How many calls XLA split between worker threads ("k of n"): the other threads took at
+  least a quarter of the call's CPU time (on one thread they take a few percent)."""
+  known = [c for c in cpu_of_calls if c is not None]
+  if not known:
+    return "n/a"
+  split = sum(1 for busiest, rest in known if rest >= (busiest + rest) / 4)
+  return f"{split} of {len(known)}"
 
 
 def compare_pair(experiment, config, counts: List[int], repeats: int, variants, caption: str,

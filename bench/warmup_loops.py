@@ -16,8 +16,9 @@ otherwise merge into one matmul). One run is init and every chunk of the
 plan with its metrics copied to the host (no evaluation). The three are
 called in turn, a warm-up round first; each round gives ratios (env
 steps/s: loops over conditional, loops apart over loops) and the table
-prints their medians and whether all trained the same parameters and
-metrics. `seed_layout.warmup_loops` picks between the first two on the CPU
+prints their medians, whether all trained the same parameters and
+metrics, and how many calls of each XLA split between its CPU worker
+threads. `seed_layout.warmup_loops` picks between the first two on the CPU
 from these measurements; on a GPU it and `seed_layout.acting_apart` pick
 from the kernel counts and modelled bytes of bench/hlo_kernels.py and the
 H200 runs of this bench (bench/results/warmup_loops_h200*.md).
@@ -64,13 +65,15 @@ def main(argv):
   table = harness.PrintedTable(
       ["seeds", "warm-up / chunk iterations", "compile s (conditional, loops, loops apart)",
        "conditional s", "loops s", "loops apart s", "loops / conditional (env steps/s)",
-       "loops apart / loops", "same params (rows within 1e-5)"],
+       "loops apart / loops", "same params (rows within 1e-5)",
+       "calls split between XLA's worker threads (conditional, loops, loops apart)"],
       summary=harness.jax_here())
   medians, apart_medians = [], []
   for num_seeds in counts:
     with xla_setup.prng_impl(experiment.prng_impl):
       progs, plan, warmup = anakin_programs.programs(experiment, config, num_seeds)
-      times, results = anakin_programs.timed_rounds(progs, FLAGS.repeats)
+      cpu = {}
+      times, results = anakin_programs.timed_rounds(progs, FLAGS.repeats, cpu)
     ratios = [c / l for c, l in zip(times["conditional"], times["loops"])]
     apart = [l / a for l, a in zip(times["loops"], times["loops apart"])]
     medians.append(statistics.median(ratios))
@@ -84,7 +87,8 @@ def main(argv):
         + " | ".join(f"{statistics.median(t):.2f}" for t in times.values())
         + f" | {medians[-1]:.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | "
         f"{apart_medians[-1]:.2f}x ({min(apart):.2f}-{max(apart):.2f}) | "
-        f"{'yes' if same else 'NO'} |")
+        f"{'yes' if same else 'NO'} | "
+        + ", ".join(anakin_programs.split_calls(cpu[name]) for name in progs) + " |")
   table.close(
       FLAGS.out or f"bench/results/warmup_loops_{jax.default_backend()}.md",
       f"compared: the training chunks of the command's run flags, {plan.num_chunks} chunk(s) of "
@@ -95,7 +99,10 @@ def main(argv):
       "rounds' ratios, loops / conditional: "
       + ", ".join(f"{n} seed(s) {m:.2f}x" for n, m in zip(counts, medians))
       + "; loops apart / loops: "
-      + ", ".join(f"{n} seed(s) {m:.2f}x" for n, m in zip(counts, apart_medians)) + ".")
+      + ", ".join(f"{n} seed(s) {m:.2f}x" for n, m in zip(counts, apart_medians)) + ". "
+      "Calls split: those whose other threads took at least a quarter of the call's CPU "
+      "time, XLA's CPU runtime having handed part of each loop step to its second worker "
+      "thread (read from /proc; n/a elsewhere).")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from bench import anakin_programs
 from bench import harness
 from bench import hlo_count
 from bench import purejaxrl_peer
@@ -261,6 +262,12 @@ def test_the_cpu_time_of_a_busy_thread_is_read_as_the_busiest():
   assert busiest >= 0.3 and rest < 0.2, (busiest, rest)
 
 
+def test_a_call_counts_as_split_when_other_threads_took_a_quarter_of_its_cpu_time():
+  # Seen on 2 cores: one worker thread (2.28 + 0.03 CPU s), split (2.03 + 1.89).
+  assert anakin_programs.split_calls([(2.28, 0.03), (2.03, 1.89), (1.5, 0.5), None]) == "2 of 3"
+  assert anakin_programs.split_calls([None, None]) == "n/a"
+
+
 def test_one_cpu_core_that_cannot_apply_is_refused_in_one_line():
   """Under --one_cpu_core the benches make XLA's CPU client on one core; where it exists
   already they say so instead of timing both cores as if on one."""
@@ -299,7 +306,10 @@ def test_the_warmup_loops_bench_finds_the_three_chunk_structures_train_the_same(
   rows = [line for line in out.read_text().splitlines() if line.startswith("| 2 |")]
   assert len(rows) == 1 and rows[0].split("|")[2].strip() == "39 / 40", rows
   assert len(rows[0].split("|")[3].split(",")) == 3, rows  # Three compile times.
-  assert rows[0].rstrip(" |").endswith("yes"), rows
+  cells = [c.strip() for c in rows[0].split("|")[1:-1]]
+  assert cells[8] == "yes", rows
+  # Each structure's one timed call, split between XLA's worker threads or not.
+  assert re.fullmatch(r"[01] of 1, [01] of 1, [01] of 1", cells[9]), rows
 
 
 def _pair_bench_row(tmp_path, bench: str):

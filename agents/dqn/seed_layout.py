@@ -187,11 +187,14 @@ def warmup_loops(batched: bool) -> bool:
   iteration: with 32 seeds vmapped on one CPU device (the PureJaxRL preset,
   100,000 env steps) the loops ran 1.07x the conditional's env steps/s and
   compiled in 5.0 s against 4.3 s. With one seed on a CPU device the
-  conditional stays: there the learner inside its branch ran faster on the
-  CPU's two threads (the loops ran 0.84x). On an accelerator the loops run
-  for every seed count: there the conditional also waits each iteration
-  for its predicate on the host, and compiled for an H200 the iteration
-  that learns runs fewer kernels without it (bench/hlo_kernels.py
+  conditional stays: on two cores XLA's CPU runtime split every call of the
+  loops between its two worker threads, and at most half of the
+  conditional's, so the loops ran 0.84-0.87x; with the client made on one
+  core both ran alike (1.01x; bench/warmup_loops.py counts the split
+  calls). On an accelerator the loops run for every seed count: there the
+  conditional also waits each iteration for its predicate on the host, and
+  compiled for an H200 the iteration that learns runs fewer kernels without
+  it (bench/hlo_kernels.py
   --target=h200). Both structures train the same parameters
   (bench/warmup_loops.py, bench/results/warmup_loops_cpu_*.md).
   """
