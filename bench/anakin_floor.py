@@ -15,7 +15,8 @@ Haiku, the kit's optax chain, uniform indices into arrays of the replay's
 capacity, the squared or Huber TD error against a target copy replaced
 every `target_update_period` steps): what that math costs written
 plainly with these libraries, so `sgd_over_reference` says what the
-kit's learner step adds to it. Plain DQN only: a run flag it does not model stops it with exit code 2.
+kit's learner step adds to it. Plain DQN only: a run flag it does not
+model stops it with exit code 2.
 """
 
 import json

@@ -114,20 +114,17 @@ def timed_rounds(progs, repeats: int, cpu: Optional[Dict[str, list]] = None
   `progs` (from `programs`) called once per round, `repeats` timed rounds after an untimed
   warm-up round; the order turns by one each round, so no program always runs first. `cpu`,
   where given, gets each timed call's (CPU s of the busiest thread, of the others) by name
-  (`harness.busiest_and_rest`; None where /proc is not there)."""
+  (`harness.timed_call`; None where /proc is not there)."""
   names = list(progs)
   times, results = {name: [] for name in names}, {}
   for repeat in range(repeats + 1):
     turn = repeat % len(names)
     for name in names[turn:] + names[:turn]:
-      threads = harness.thread_cpu_s()
-      start = time.perf_counter()
-      results[name] = progs[name].run()
+      seconds, results[name], threads = harness.timed_call(progs[name].run)
       if repeat:
-        times[name].append(time.perf_counter() - start)
+        times[name].append(seconds)
         if cpu is not None:
-          cpu.setdefault(name, []).append(
-              harness.busiest_and_rest(threads, harness.thread_cpu_s()))
+          cpu.setdefault(name, []).append(threads)
   return times, results
 
 

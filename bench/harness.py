@@ -19,6 +19,7 @@ import platform
 import shlex
 import subprocess
 import sys
+import time
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -162,6 +163,15 @@ def thread_cpu_s() -> Dict[int, float]:
       continue
     used[int(tid)] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime.
   return used
+
+
+def timed_call(fn) -> tuple:
+  """(seconds, what fn() returned, (CPU s of the busiest thread, of the others) or None)."""
+  threads = thread_cpu_s()
+  start = time.perf_counter()
+  result = fn()
+  seconds = time.perf_counter() - start
+  return seconds, result, busiest_and_rest(threads, thread_cpu_s())
 
 
 def busiest_and_rest(before: Dict[int, float], after: Dict[int, float]) -> Optional[tuple]:

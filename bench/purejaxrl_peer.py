@@ -87,24 +87,21 @@ def time_run(checkout: str, num_seeds: int, total_steps: int,
   """Compiles then runs the script's program once, timing each part.
 
   `compile_s`: its program's lower and compile. `setup_s`: from the end of
-  the script's imports to the compiled program: the backend's start where
-  the imports left it (`backend_s`; gymnax's import makes arrays, so it
-  starts the backend, on a GPU its client and the memory XLA
-  preallocates), the environment, the keys, lower and compile; the span
-  our runs' `compile_s` covers (ours also holds the init's first call).
-  Then the run: `run_s` and env steps/s over all seeds.
+  the script's imports (gymnax's import makes arrays, so the backend has
+  started by then) to the compiled program: the environment, the keys,
+  lower and compile; the span our runs' `compile_s` covers (ours also
+  holds the init's first call). Then the run: `run_s` and env steps/s over
+  all seeds.
   """
   module = load(checkout)  # The script's imports (gymnax, flax, optax), before the clock.
   start = time.perf_counter()
-  jax.devices()  # The backend starts here, unless an import made an array already.
-  backend_s = time.perf_counter() - start
   compile_s, compiled, keys = compile_train(checkout, num_seeds,
                                             main_config(total_steps, env_name), module)
   setup_s = time.perf_counter() - start
   start = time.perf_counter()
   jax.block_until_ready(compiled(keys))
   run_s = time.perf_counter() - start
-  return {"compile_s": compile_s, "backend_s": backend_s, "setup_s": setup_s, "run_s": run_s,
+  return {"compile_s": compile_s, "setup_s": setup_s, "run_s": run_s,
           "sps_after_compile": num_seeds * total_steps / run_s, "backend": jax.default_backend()}
 
 

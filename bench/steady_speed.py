@@ -55,15 +55,6 @@ flags.DEFINE_string("out", "", "Markdown table to write (default: "
 FLAGS = flags.FLAGS
 
 
-def _timed(fn):
-  """(seconds, what fn returned, (CPU s of the busiest thread, of the others) or None)."""
-  threads = harness.thread_cpu_s()
-  start = time.perf_counter()
-  result = fn()
-  seconds = time.perf_counter() - start
-  return seconds, result, harness.busiest_and_rest(threads, harness.thread_cpu_s())
-
-
 def _cpu_text(split) -> str:
   return f"{split[0]:.2f} + {split[1]:.2f}" if split else "n/a"
 
@@ -126,9 +117,9 @@ def main(argv):
   theirs_compile, theirs_run, theirs_steps = theirs_program(experiment.total_steps, num_seeds)
   pairs, checksums = [], set()
   for repeat in range(FLAGS.repeats + 1):
-    t_theirs, _, cpu_theirs = _timed(theirs_run)
+    t_theirs, _, cpu_theirs = harness.timed_call(theirs_run)
     with xla_setup.prng_impl(experiment.prng_impl):
-      t_ours, params, cpu_ours = _timed(ours_run)
+      t_ours, params, cpu_ours = harness.timed_call(ours_run)
     checksums.add(checkpointing.params_checksum(jax.device_get(params)))
     if repeat:
       pairs.append((t_ours, t_theirs, cpu_ours, cpu_theirs))

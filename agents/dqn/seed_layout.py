@@ -194,9 +194,8 @@ def warmup_loops(batched: bool) -> bool:
   calls). On an accelerator the loops run for every seed count: there the
   conditional also waits each iteration for its predicate on the host, and
   compiled for an H200 the iteration that learns runs fewer kernels without
-  it (bench/hlo_kernels.py
-  --target=h200). Both structures train the same parameters
-  (bench/warmup_loops.py, bench/results/warmup_loops_cpu_*.md).
+  it (bench/hlo_kernels.py --target=h200). Both structures train the same
+  parameters (bench/warmup_loops.py, bench/results/warmup_loops_cpu_*.md).
   """
   return batched or xla_setup.target_platform() != "cpu"
 
