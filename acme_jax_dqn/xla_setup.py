@@ -1,5 +1,5 @@
-"""XLA and JAX settings of a run: CPU dispatch, compilation cache, CPU devices, one core, PRNG,
-and the platform the programs are built for.
+"""XLA and JAX settings of a run: CPU dispatch, compilation cache, CPU devices, CPU threads,
+one core, PRNG, and the platform the programs are built for.
 
 Most must be made before JAX creates its CPU client (the first array or
 device query); each says so, and returns False when it is too late.
@@ -176,6 +176,62 @@ def run_xla_on_one_cpu_core() -> bool:
   finally:
     os.sched_setaffinity(0, allowed)  # Python and later host threads use every core again.
   return True
+
+
+_CPU_THREADS_SET = None  # What `set_cpu_threads` created the CPU client with; None: XLA's own.
+
+
+def set_cpu_threads(count: int) -> bool:
+  """Creates JAX's CPU client now with `count` worker threads (at least one per CPU device).
+
+  XLA sizes the client's intra-op and dispatch pools from `PJRT_NPROC`
+  (else `NPROC`, else one thread per core) when it creates the client; the
+  variable is set for that moment only, so processes started later keep
+  XLA's default. With more than one worker, XLA's CPU executor hands half
+  of a loop body's ready operations to another worker whenever more than 8
+  are ready, and the loop then runs split between two threads: on 2 cores
+  PureJaxRL's dqn.py loop was split in every call and took 1.1-1.2x as long
+  as on one thread, the kit's anakin loop now and then (bench/steady_speed.py).
+  Compiling is not slowed (unlike `run_xla_on_one_cpu_core`). Returns
+  False, changing nothing, when the client exists, when `PJRT_NPROC` or
+  `NPROC` is set (the user's count stands), or when an accelerator plugin is
+  installed (its client would read the same variable).
+  """
+  global _CPU_THREADS_SET  # pylint: disable=global-statement
+  from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
+  if (xla_bridge.backends_are_initialized() or "PJRT_NPROC" in os.environ
+      or "NPROC" in os.environ or _accelerator_plugins()):
+    return False
+  os.environ["PJRT_NPROC"] = str(count)
+  try:
+    jax.devices()
+  finally:
+    del os.environ["PJRT_NPROC"]
+  _CPU_THREADS_SET = count
+  return True
+
+
+def cpu_threads_set() -> Optional[int]:
+  """The worker threads `set_cpu_threads` created this process's CPU client with, or None."""
+  return _CPU_THREADS_SET
+
+
+def _accelerator_plugins() -> bool:
+  """Whether JAX would find a GPU or TPU plugin here (its `jax_plugins` modules or entry
+  points, or libtpu), unless `jax_platforms` names the CPU alone."""
+  import importlib.metadata  # pylint: disable=import-outside-toplevel
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  import pkgutil  # pylint: disable=import-outside-toplevel
+  if (jax.config.jax_platforms or "").strip() == "cpu":
+    return False
+  try:
+    import jax_plugins  # pylint: disable=import-outside-toplevel
+    if any(pkgutil.iter_modules(jax_plugins.__path__)):
+      return True
+  except ImportError:
+    pass
+  return bool(importlib.metadata.entry_points(group="jax_plugins")
+              or importlib.util.find_spec("libtpu"))
 
 
 def device_memory_bytes(device) -> Optional[int]:

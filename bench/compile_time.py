@@ -32,7 +32,6 @@ import jax
 
 from acme_jax_dqn import xla_setup
 from agents.dqn.anakin import AnakinSource
-from agents.dqn.experiment import set_anakin_cpu_devices
 from launch import flags as launch_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # For `bench`.
@@ -69,10 +68,11 @@ def theirs_s(total_steps: int, num_seeds: int) -> float:
 
 def main(argv):
   del argv
+  # run_dqn's CPU client (its devices and threads), before the script's gymnax import makes
+  # arrays, which would make the client.
   config, experiment = harness.anakin_run_flags(FLAGS.repeats)
   num_seeds = experiment.num_seeds
-  set_anakin_cpu_devices(experiment)  # run_dqn's CPU layout, before the CPU client exists.
-  if FLAGS.purejaxrl_dir:  # After: the script's gymnax import makes arrays, so the client.
+  if FLAGS.purejaxrl_dir:
     purejaxrl_peer.load(FLAGS.purejaxrl_dir)  # A missing checkout stops here, before compiling.
   jax.config.update("jax_enable_compilation_cache", False)
   # One build first, not counted: what it pays once (imports, JAX tracing its own library

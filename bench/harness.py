@@ -51,9 +51,11 @@ def seed_counts(values: Sequence[str]) -> List[int]:
 def anakin_run_flags(repeats: int):
   """(DQNConfig, ExperimentConfig) of the command's run flags, for benches that time anakin mode
   in one process; exits with a line naming the flag when `repeats` or `--run_mode` cannot be
-  timed. Under `--one_cpu_core` it creates XLA's CPU client on one thread, as run_dqn does."""
+  timed. It creates XLA's CPU client as run_dqn does (its devices, `--one_cpu_core`,
+  `--cpu_threads`): for the whole process, so a peer's program timed here shares it."""
   # pylint: disable=import-outside-toplevel
-  from acme_jax_dqn import xla_setup
+  from jax._src import xla_bridge
+  from agents.dqn import experiment as experiment_lib
   from launch import flags as launch_flags
   if repeats < 1:
     bad_input(f"--repeats={repeats}: at least 1 timed pair is needed.")
@@ -62,10 +64,24 @@ def anakin_run_flags(repeats: int):
   if experiment.run_mode != "anakin":
     bad_input(f"--run_mode={experiment.run_mode}: this bench times anakin mode; pass an "
               f"anakin flagfile, e.g. --flagfile={ANAKIN_CFG}.")
-  if experiment.one_cpu_core and not xla_setup.run_xla_on_one_cpu_core():
+  if experiment.one_cpu_core and (xla_bridge.backends_are_initialized()
+                                  or not hasattr(os, "sched_setaffinity")):
     bad_input("--one_cpu_core: XLA's CPU client exists already (or this platform sets no CPU "
               "affinity), so it cannot be made on one core here; run without --one_cpu_core.")
+  experiment_lib.set_up_cpu_client(experiment, config)
   return config, experiment
+
+
+def cpu_client_text() -> str:
+  """How this process's XLA CPU client was made, for a bench's summary line."""
+  # pylint: disable=import-outside-toplevel
+  from acme_jax_dqn import xla_setup
+  threads = xla_setup.cpu_threads_set()
+  if threads is None:
+    return ("XLA's CPU client with the threads XLA picks (one per core; one under "
+            "`--one_cpu_core`)")
+  return (f"XLA's CPU client with {threads} worker thread(s), as launch.run_dqn makes it for "
+          "these flags (`--cpu_threads`), shared by every program timed in this process")
 
 
 def run_preset(flags: Union[str, Sequence[str]], logdir: str,

@@ -11,8 +11,14 @@ compiled once, side by side in one process, then called alternately
 pair gives a ratio (env steps/s, ours over theirs); the table prints every
 pair and the median, and each call's CPU time on the process's busiest
 thread and on the others (on Linux), which shows whether XLA ran the
-call's loop on one worker thread or split it between two. With
-`--one_cpu_core` XLA's CPU client is made on one core, for both programs.
+call's loop on one worker thread or split it between two. XLA's CPU
+client is made as launch.run_dqn makes it for the run flags: with one
+worker thread for the CartPole preset (`--cpu_threads`' pick), which
+leaves no second worker to split a loop with; with `--cpu_threads=2`
+(on 2 cores) as XLA makes it by itself; with `--one_cpu_core` on one
+core. The client is the process's, so PureJaxRL's calls run on it too:
+a cold pair in separate processes (bench/gpu_speed.py) sets each program
+on its own default.
 
 A call of ours is what `launch.run_dqn` does after compiling with the
 same run flags (cartpole_anakin_purejaxrl.cfg has the peer's settings):
@@ -140,7 +146,8 @@ def main(argv):
       "iterations, one evaluation) and PureJaxRL's "
       f"purejaxrl/dqn.py (main() config, {theirs_steps:,} env steps per seed), each compiled "
       f"once in this process (ours {ours_compile:.1f} s, PureJaxRL {theirs_compile:.1f} s), "
-      f"then run alternately, a warm-up pair first and not shown. Median over {len(ratios)} "
+      f"then run alternately, a warm-up pair first and not shown, on {harness.cpu_client_text()}"
+      f". Median over {len(ratios)} "
       f"pairs: **{statistics.median(ratios):.2f}x** PureJaxRL's env steps/s (lowest "
       f"{min(ratios):.2f}x, highest {max(ratios):.2f}x). CPU s: the CPU time each call took "
       "on this process's busiest thread, and on all its other threads (XLA's workers among "

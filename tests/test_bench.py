@@ -286,6 +286,26 @@ def test_one_cpu_core_that_cannot_apply_is_refused_in_one_line():
       "affinity), so it cannot be made on one core here; run without --one_cpu_core.")
 
 
+def test_the_cpu_threads_bench_runs_each_value_in_turn_and_finds_the_same_parameters(tmp_path):
+  """bench/cpu_threads.py: one cold run_dqn per --cpu_threads value each round, each run's
+  summary.json read back (the client's threads as the run set them), the same parameters."""
+  out = tmp_path / "cpu_threads.md"
+  result = subprocess.run(
+      [sys.executable, "-m", "bench.cpu_threads", "--threads=2,1", "--repeats=1",
+       f"--logdir={tmp_path / 'runs'}", f"--out={out}",
+       "--extra_flags=--total_steps=3000,--min_replay_size=1000,--replay_capacity=2000,"
+       "--log_every=3000,--eval_episodes=2"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  rows = [line.split(" | ") for line in out.read_text().splitlines() if line.startswith("| 1 |")]
+  assert [(row[1], row[2]) for row in rows] == [("2", "2"), ("1", "1")], rows
+  assert "--cpu_threads=1: median" in out.read_text()
+  assert "Parameters: the same in every run." in out.read_text()
+  bad = subprocess.run([sys.executable, "-m", "bench.cpu_threads", "--threads=-1"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+  assert bad.returncode == 2 and "--threads=-1" in bad.stderr.strip().splitlines()[-1]
+
+
 def test_the_steady_bench_without_the_checkout_says_what_to_clone():
   result = subprocess.run(
       [sys.executable, "-m", "bench.steady_speed",

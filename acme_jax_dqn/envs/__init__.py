@@ -102,6 +102,14 @@ def make_environment(name: str, seed: Optional[int] = None,
   return BatchedEnvironment(make_one, num_envs)
 
 
+def gives_images(name: str) -> bool:
+  """Whether environment `name` gives image observations, judged from its name alone (no
+  library imported, no error for a name `make_environment` would refuse): Atari and MinAtar
+  games do (gymnax's MinAtar ports among them), gymnasium and gymnax's other ids, vectors."""
+  prefix, _, env_id = name.partition(":")
+  return prefix in ("atari", "minatar") or env_id.endswith("-MinAtar")
+
+
 def import_jax_library(name: str) -> None:
   """Imports the library of a JAX environment `name` (gymnax), so that a run can import it
   before it times its build; any other name is left for `make_jax_environment` to refuse."""

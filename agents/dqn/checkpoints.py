@@ -30,8 +30,8 @@ _REPLAY_FIELDS = ("replay_capacity", "prioritized", "pqn_rollout_len")
 # Experiment fields that never matter for the resumed computation.
 _RUN_ONLY_FIELDS = ("logdir", "quiet", "resume", "checkpoint_dir", "checkpoint_every",
                     "keep_checkpoints", "compilation_cache_dir", "one_cpu_core",
-                    "cpu_devices", "save_checkpoints", "skip_nonfinite_updates", "log_every",
-                    "loggers", "wandb_project", "wandb_mode")
+                    "cpu_devices", "cpu_threads", "save_checkpoints", "skip_nonfinite_updates",
+                    "log_every", "loggers", "wandb_project", "wandb_mode")
 SIGKILL_AT_STEP_VAR = "ACME_JAX_DQN_SIGKILL_AT_STEP"
 
 

@@ -17,8 +17,8 @@ from agents.dqn import run_loop
 from agents.dqn.config import ConfigError, DQNConfig
 from agents.dqn.experiment_config import ExperimentConfig
 
-__all__ = ["ExperimentConfig", "run_experiment", "set_anakin_cpu_devices", "source_type",
-           "train"]
+__all__ = ["ExperimentConfig", "cpu_threads", "run_experiment", "set_anakin_cpu_devices",
+           "set_up_cpu_client", "source_type", "train"]
 
 
 def source_type(experiment: ExperimentConfig, config: DQNConfig) -> Type[run_loop.Source]:
@@ -55,6 +55,33 @@ def set_anakin_cpu_devices(experiment: ExperimentConfig) -> bool:
                                        min(experiment.num_seeds, xla_setup.MAX_AUTO_CPU_DEVICES)))
 
 
+def cpu_threads(experiment: ExperimentConfig, config: DQNConfig) -> int:
+  """The XLA CPU worker threads the run asks for: `cpu_threads`, or where it is 0, one in
+  anakin mode with an MLP torso and 0 (XLA's default) otherwise. Decided before the client
+  exists, so before the environment gives its observations: an "auto" torso counts as a conv
+  torso for the environments that give images (`envs.gives_images`)."""
+  if experiment.cpu_threads or experiment.run_mode != "anakin":
+    return experiment.cpu_threads
+  if config.torso == "auto":
+    from acme_jax_dqn import envs  # pylint: disable=import-outside-toplevel
+    return 0 if envs.gives_images(experiment.env) else 1
+  return 1 if config.torso == "mlp" else 0
+
+
+def set_up_cpu_client(experiment: ExperimentConfig, config: DQNConfig) -> None:
+  """The run's settings that JAX's CPU client reads when it is created (dispatch, devices,
+  threads, one core), then the client; where it exists already, it stays as it is."""
+  if experiment.run_mode == "local":  # JAX reads the dispatch setting at creation only.
+    xla_setup.configure_cpu_dispatch(config.num_envs)
+  if experiment.run_mode == "anakin":
+    set_anakin_cpu_devices(experiment)
+  if experiment.one_cpu_core:
+    xla_setup.run_xla_on_one_cpu_core()
+  threads = cpu_threads(experiment, config)
+  if threads:
+    xla_setup.set_cpu_threads(threads)
+
+
 def run_experiment(experiment: ExperimentConfig, config: DQNConfig,
                    callbacks: Optional[callbacks_lib.CallbackList] = None) -> Dict[str, Any]:
   """Trains in the experiment's run mode; writes train.csv, eval.csv and summary.json.
@@ -69,15 +96,7 @@ def train(experiment: ExperimentConfig, config: DQNConfig,
   """`run_experiment`, returning (summary, the final online parameters on the host)."""
   checkpoints.check_output_paths(experiment)
   xla_setup.enable_compilation_cache(experiment.compilation_cache_dir)
-  if experiment.run_mode == "local":
-    # Before the CPU client exists (`run_xla_on_one_cpu_core` creates it): JAX
-    # reads the dispatch setting only then.
-    xla_setup.configure_cpu_dispatch(config.num_envs)
-  if experiment.run_mode == "anakin":  # Also before the CPU client exists.
-    set_anakin_cpu_devices(experiment)
-  if experiment.one_cpu_core:
-    xla_setup.run_xla_on_one_cpu_core()
-  # After the CPU settings above: listing checkpoints (orbax) starts JAX's CPU client.
+  set_up_cpu_client(experiment, config)  # Before orbax, whose checkpoint listing would start it.
   checkpoints.check_start(experiment, config)
   imports_start = time.perf_counter()
   make = source_type(experiment, config)  # Python imports, before compile_s's clock (`imports_s`).

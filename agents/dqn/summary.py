@@ -16,6 +16,7 @@ import platform
 from acme_jax_dqn import loggers
 from acme_jax_dqn import networks as networks_lib
 from acme_jax_dqn import specs
+from acme_jax_dqn import xla_setup
 
 
 def eval_row(env_steps: int, learner_steps: int, wall_s: float, returns,
@@ -78,6 +79,7 @@ def base_summary(experiment, config, *, env_steps: int, learner_steps: int, wall
       "backend": jax.default_backend(),
       "device_kind": jax.devices()[0].device_kind,
       "prng_impl": experiment.prng_impl,
+      "cpu_threads": xla_setup.cpu_threads_set(),
       **(network_summary(spec, config) if spec is not None else {}),
   }
 

@@ -106,6 +106,7 @@ def test_a_command_line_flag_overrides_a_contradicting_flag_of_the_flagfile():
     (["--apex_epsilons", "--epsilon_end=0.1"], "--apex_epsilons with --epsilon_end"),
     (["--checkpoint_every=100", "--nosave_checkpoints"], "--checkpoint_every"),
     (["--num_seeds=3"], "--run_mode=anakin"),
+    (["--run_mode=distributed", "--cpu_threads=2"], "--cpu_threads=2: sizes the XLA CPU client"),
     (["--run_mode=anakin", "--env=gymnax:CartPole-v1", "--nocheckpoint_replay"],
      "--checkpoint_replay=False: in anakin mode"),
     (["--run_mode=anakin"], "needs an environment written in JAX"),
@@ -187,6 +188,7 @@ EXPERIMENT_OUT_OF_RANGE = {
     "log_every": (0, "--log_every"), "num_seeds": (0, "--num_seeds"),
     "checkpoint_every": (-1, "--checkpoint_every"),
     "keep_checkpoints": (-1, "--keep_checkpoints"), "cpu_devices": (-1, "--cpu_devices"),
+    "cpu_threads": (-1, "--cpu_threads"),
     "num_actors": (0, "--num_actors"), "max_learner_steps": (-1, "--max_learner_steps"),
     "actor_insert_batch": (0, "--actor_insert_batch"), "scan_unroll": (0, "--scan_unroll"),
 }

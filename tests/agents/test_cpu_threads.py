@@ -1,0 +1,65 @@
+"""`cpu_threads`: the worker threads of XLA's CPU client, set as the run creates the client."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from agents.dqn import DQNConfig
+from agents.dqn import experiment as experiment_lib
+from agents.dqn.config import ConfigError
+from tests.fakes import ROOT
+
+
+@pytest.mark.parametrize("run_mode, env, torso, asked, picked", [
+    ("anakin", "gymnax:CartPole-v1", "auto", 0, 1),  # An MLP: one worker.
+    ("anakin", "gymnax:CartPole-v1", "mlp", 0, 1),
+    ("anakin", "gymnax:Breakout-MinAtar", "auto", 0, 0),  # A conv torso: XLA's default.
+    ("anakin", "gymnax:Breakout-MinAtar", "minatar_conv", 0, 0),
+    ("anakin", "gymnax:Breakout-MinAtar", "auto", 3, 3),  # Asked for: as asked.
+    ("local", "gymnasium:CartPole-v1", "auto", 0, 0),  # Only anakin mode picks.
+    ("local", "gymnasium:CartPole-v1", "auto", 2, 2),
+])
+def test_the_kit_picks_one_worker_for_anakin_runs_with_an_mlp_torso(run_mode, env, torso, asked,
+                                                                    picked):
+  experiment = experiment_lib.ExperimentConfig(env=env, run_mode=run_mode, cpu_threads=asked)
+  assert experiment_lib.cpu_threads(experiment, DQNConfig(torso=torso)) == picked
+
+
+def test_distributed_mode_refuses_cpu_threads_naming_the_flag():
+  with pytest.raises(ConfigError, match="`cpu_threads`=2: sizes the XLA CPU client of this "
+                                        "process"):
+    experiment_lib.ExperimentConfig(run_mode="distributed", cpu_threads=2)
+
+
+_CLIENT = """
+import json, os
+import jax
+from acme_jax_dqn import xla_setup
+
+def xla_workers():  # XLA's CPU worker threads, by the name tsl gives them.
+  names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+  return sum(name == "tf_XLAEigen" for name in names)
+
+made = xla_setup.set_cpu_threads(1)
+jax.devices()  # The client, where set_cpu_threads left it to the run.
+print(json.dumps({"made": made, "again": xla_setup.set_cpu_threads(1), "workers": xla_workers(),
+                  "set": xla_setup.cpu_threads_set(), "variable": os.environ.get("PJRT_NPROC")}))
+"""
+
+
+@pytest.mark.parametrize("preset, expected", [
+    ({}, {"made": True, "again": False, "workers": 1, "set": 1, "variable": None}),
+    # The user's count stands: nothing is set, and XLA makes 3 workers from it.
+    ({"PJRT_NPROC": "3"}, {"made": False, "again": False, "workers": 3, "set": None,
+                           "variable": "3"}),
+])
+def test_set_cpu_threads_makes_the_client_with_that_many_workers_and_unsets_the_variable(
+    preset, expected):
+  environ = {k: v for k, v in os.environ.items() if k not in ("PJRT_NPROC", "NPROC")}
+  environ.update(preset, JAX_PLATFORMS="cpu")
+  result = subprocess.run([sys.executable, "-c", _CLIENT], cwd=ROOT, env=environ,
+                          capture_output=True, text=True, timeout=120, check=True)
+  assert json.loads(result.stdout.strip().splitlines()[-1]) == expected
