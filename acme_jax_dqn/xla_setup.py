@@ -193,37 +193,53 @@ def set_cpu_threads(count: int) -> bool:
   PureJaxRL's dqn.py loop was split in every call and took 1.1-1.2x as long
   as on one thread, the kit's anakin loop now and then (bench/steady_speed.py).
   Compiling is not slowed (unlike `run_xla_on_one_cpu_core`). Returns
-  False, changing nothing, when the client exists, when `PJRT_NPROC` or
-  `NPROC` is set (the user's count stands), or when an accelerator plugin is
-  installed (its client would read the same variable).
+  False, changing nothing, where `cpu_threads_blocked` gives a reason.
   """
   global _CPU_THREADS_SET  # pylint: disable=global-statement
-  from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
-  if (xla_bridge.backends_are_initialized() or "PJRT_NPROC" in os.environ
-      or "NPROC" in os.environ or _accelerator_plugins()):
+  if cpu_threads_blocked():
     return False
   os.environ["PJRT_NPROC"] = str(count)
   try:
-    jax.devices()
+    cpu_devices = len(jax.devices("cpu"))
   finally:
     del os.environ["PJRT_NPROC"]
-  _CPU_THREADS_SET = count
+  _CPU_THREADS_SET = max(count, cpu_devices)  # XLA gives each CPU device a thread at least.
   return True
 
 
+def cpu_threads_blocked() -> Optional[str]:
+  """Why `set_cpu_threads` would change nothing now, or None: the client exists, the user's
+  `PJRT_NPROC` or `NPROC` stands, or JAX could find a GPU or TPU plugin here (its client would
+  read the same variable; also on a machine without that device)."""
+  from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
+  if xla_bridge.backends_are_initialized():
+    return "JAX's CPU client exists already in this process"
+  for name in ("PJRT_NPROC", "NPROC"):
+    if name in os.environ:
+      return f"{name}={os.environ[name]} is set, and XLA takes its count from it"
+  if _accelerator_plugins():
+    return ("a GPU or TPU plugin of JAX is installed, whose client would read the same "
+            "setting (JAX_PLATFORMS=cpu runs on the CPU alone)")
+  return None
+
+
 def cpu_threads_set() -> Optional[int]:
-  """The worker threads `set_cpu_threads` created this process's CPU client with, or None."""
+  """The worker threads the CPU client has where `set_cpu_threads` created it, or None."""
   return _CPU_THREADS_SET
 
 
-def _accelerator_plugins() -> bool:
-  """Whether JAX would find a GPU or TPU plugin here (its `jax_plugins` modules or entry
-  points, or libtpu), unless `jax_platforms` names the CPU alone."""
+def _accelerator_plugins(jax_platforms: Optional[str] = None) -> bool:
+  """Whether JAX may start a GPU or TPU client here: `jax_platforms` (default: JAX's setting)
+  names another platform, or, where it names none, a plugin is installed (`jax_plugins`
+  modules or entry points, libtpu)."""
   import importlib.metadata  # pylint: disable=import-outside-toplevel
   import importlib.util  # pylint: disable=import-outside-toplevel
   import pkgutil  # pylint: disable=import-outside-toplevel
-  if (jax.config.jax_platforms or "").strip() == "cpu":
-    return False
+  if jax_platforms is None:
+    jax_platforms = jax.config.jax_platforms or ""
+  platforms = {p.strip().lower() for p in jax_platforms.split(",")} - {""}
+  if platforms:
+    return platforms != {"cpu"}
   try:
     import jax_plugins  # pylint: disable=import-outside-toplevel
     if any(pkgutil.iter_modules(jax_plugins.__path__)):

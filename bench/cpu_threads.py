@@ -2,6 +2,8 @@
 
   python -m bench.cpu_threads --preset=launch/configs/cartpole_anakin_purejaxrl.cfg \\
       --threads=2,1 --repeats=8
+  python -m bench.cpu_threads --run_flags='--hidden_sizes=256,256 --total_steps=30000' \\
+      --repeats=3 --out=bench/results/cpu_threads_mlp_256.md
 
 Each round runs `launch.run_dqn` once per value, one process each with its
 compile cache off, in the order given, and reads its summary.json:
@@ -9,10 +11,14 @@ compile s and env steps/s after compile. With more than one worker XLA's
 CPU executor may run a loop split between two threads, which shows as a
 slow run; the table gives every run, and per value the median, the lowest
 and the highest rate, and each value's median over the first value's.
-Every run must train the same parameters (their checksums are compared).
+Whether the runs trained the same parameters is checked (their checksums):
+for small matrices XLA's result does not depend on its threads, for
+large ones the split of a matrix product over threads may round
+differently.
 """
 
 import os
+import shlex
 import statistics
 import sys
 
@@ -26,7 +32,8 @@ flags.DEFINE_string("preset", "launch/configs/cartpole_anakin_purejaxrl.cfg",
                     "The runs' flagfile.")
 flags.DEFINE_list("threads", ["2", "1"], "--cpu_threads values, run in this order each round.")
 flags.DEFINE_integer("repeats", 8, "Rounds.")
-flags.DEFINE_list("extra_flags", [], "More launch.run_dqn flags for every run.")
+flags.DEFINE_string("run_flags", "", "More launch.run_dqn flags for every run, as one "
+                    "shell-quoted string, e.g. '--hidden_sizes=256,256 --total_steps=30000'.")
 flags.DEFINE_string("logdir", "runs/bench_cpu_threads", "Where the runs write their logs.")
 flags.DEFINE_string("out", "bench/results/cpu_threads.md", "Markdown table to write.")
 FLAGS = flags.FLAGS
@@ -46,7 +53,7 @@ def main(argv):
     for t in threads:
       last = harness.run_preset(
           [f"--flagfile={FLAGS.preset}", f"--cpu_threads={t}", "--compilation_cache_dir="],
-          os.path.join(FLAGS.logdir, f"threads{t}"), FLAGS.extra_flags)
+          os.path.join(FLAGS.logdir, f"threads{t}"), shlex.split(FLAGS.run_flags))
       rates[t].append(last["sps_after_compile_all_seeds"])
       checksums.add(last["params_checksum"])
       table.add(f"| {repeat + 1} | {t} | {last.get('cpu_threads') or 'XLA default'} | "
@@ -59,7 +66,8 @@ def main(argv):
       for t, r in rates.items())
   table.close(
       FLAGS.out,
-      f"compared: cold launch.run_dqn runs of --flagfile={FLAGS.preset} with each "
+      f"compared: cold launch.run_dqn runs of --flagfile={FLAGS.preset} {FLAGS.run_flags} "
+      "with each "
       f"--cpu_threads value in turn, {FLAGS.repeats} round(s), env steps/s after compile "
       f"(all seeds): {per_value}. Parameters: "
       + ("the same in every run." if len(checksums) == 1 else

@@ -1,11 +1,16 @@
 """Fixtures shared by test files: a finished tiny run with a checkpoint."""
 
+import os
 import subprocess
 import sys
 
 import pytest
 from tests.fakes import ROOT, TINY
 
+# XLA sizes its CPU threads from these where a host sets them, and the kit then leaves them
+# be (`--cpu_threads`); the runs the tests start make their own choice.
+for _name in ("PJRT_NPROC", "NPROC"):
+  os.environ.pop(_name, None)
 
 
 @pytest.fixture(scope="module")

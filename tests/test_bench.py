@@ -293,8 +293,8 @@ def test_the_cpu_threads_bench_runs_each_value_in_turn_and_finds_the_same_parame
   result = subprocess.run(
       [sys.executable, "-m", "bench.cpu_threads", "--threads=2,1", "--repeats=1",
        f"--logdir={tmp_path / 'runs'}", f"--out={out}",
-       "--extra_flags=--total_steps=3000,--min_replay_size=1000,--replay_capacity=2000,"
-       "--log_every=3000,--eval_episodes=2"],
+       "--run_flags=--total_steps=3000 --min_replay_size=1000 --replay_capacity=2000 "
+       "--log_every=3000 --eval_episodes=2 --hidden_sizes=32,32"],
       cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   rows = [line.split(" | ") for line in out.read_text().splitlines() if line.startswith("| 1 |")]

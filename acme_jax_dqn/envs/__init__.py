@@ -105,9 +105,11 @@ def make_environment(name: str, seed: Optional[int] = None,
 def gives_images(name: str) -> bool:
   """Whether environment `name` gives image observations, judged from its name alone (no
   library imported, no error for a name `make_environment` would refuse): Atari and MinAtar
-  games do (gymnax's MinAtar ports among them), gymnasium and gymnax's other ids, vectors."""
+  games do, and gymnax's MinAtar ports and Pong-misc (30x40x3); gymnasium's ids and gymnax's
+  other ids count as vectors."""
   prefix, _, env_id = name.partition(":")
-  return prefix in ("atari", "minatar") or env_id.endswith("-MinAtar")
+  return (prefix in ("atari", "minatar") or env_id.endswith("-MinAtar")
+          or (prefix == "gymnax" and env_id == "Pong-misc"))
 
 
 def import_jax_library(name: str) -> None:

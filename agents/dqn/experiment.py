@@ -78,7 +78,10 @@ def set_up_cpu_client(experiment: ExperimentConfig, config: DQNConfig) -> None:
   if experiment.one_cpu_core:
     xla_setup.run_xla_on_one_cpu_core()
   threads = cpu_threads(experiment, config)
-  if threads:
+  blocked = threads and xla_setup.cpu_threads_blocked()
+  if blocked and experiment.cpu_threads:  # The kit's own pick goes quietly.
+    loggers.warn(f"`cpu_threads`={threads} is not applied: {blocked}.")
+  elif threads:
     xla_setup.set_cpu_threads(threads)
 
 

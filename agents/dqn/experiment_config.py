@@ -45,11 +45,11 @@ class ExperimentConfig:
       core already, or with `one_cpu_core`). Seeds split evenly: over the most
       devices that divide `num_seeds`. No effect on GPUs or TPUs.
     cpu_threads: worker threads of XLA's CPU client, set where the run creates it (local
-      and anakin modes; a process whose JAX client exists keeps its own; at least one per
-      CPU device). 0 picks: one in anakin mode with an MLP torso (its loop then never runs
-      split between two threads, which on 2 cores took 1.1-1.2x as long; it compiles as
-      fast), XLA's default (one per core) otherwise. No effect on GPUs or TPUs, or where the
-      PJRT_NPROC or NPROC variable is set.
+      and anakin modes; a process whose JAX client exists keeps its own), raised to one per
+      CPU device. 0 picks: one in anakin mode with an MLP torso (one seed's loop then never
+      runs split between two threads, which on 2 cores took 1.1-1.4x as long; it compiles
+      as fast), XLA's default (one per core) otherwise. Not applied where PJRT_NPROC or
+      NPROC is set or a GPU or TPU plugin of JAX is installed.
     prng_impl: JAX's PRNG for every key of the run: "threefry2x32" (JAX's
       default), "rbg" or "unsafe_rbg" (XLA's RngBitGenerator: less to compile;
       "unsafe_rbg" also splits keys without threefry). Other random streams, so
@@ -139,8 +139,8 @@ def _check(e: ExperimentConfig) -> None:
     if getattr(e, name) < 1:
       fail(name, getattr(e, name), "must be at least 1.")
   zero_means = {"eval_every": " (only at the end)", "seed": "",
-                "cpu_devices": " (the default split)", "cpu_threads": " (the kit picks)", "max_learner_steps": " (no limit)",
-                "keep_checkpoints": " (keep all)",
+                "cpu_devices": " (the default split)", "cpu_threads": " (the kit's pick)",
+                "max_learner_steps": " (no limit)", "keep_checkpoints": " (keep all)",
                 "checkpoint_every": " (at the end and on SIGTERM only)"}
   for name, meaning in zero_means.items():
     if getattr(e, name) < 0:
@@ -152,6 +152,9 @@ def _check(e: ExperimentConfig) -> None:
   if e.scan_unroll > 1 and e.run_mode != "anakin":
     fail("scan_unroll", e.scan_unroll, "unrolls the compiled loop of `run_mode=anakin`; "
          f"`run_mode={e.run_mode}` has none: drop the setting.")
+  if e.cpu_threads and e.one_cpu_core:
+    fail("cpu_threads", e.cpu_threads, "and `one_cpu_core` both size XLA's CPU client, which "
+         "`one_cpu_core` makes with one thread on one core: drop one.")
   if e.cpu_threads and e.run_mode == "distributed":
     fail("cpu_threads", e.cpu_threads, "sizes the XLA CPU client of this process, and "
          "`run_mode=distributed` learns and acts in Ray's processes: drop the setting.")

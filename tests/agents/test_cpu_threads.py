@@ -5,8 +5,10 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
+from acme_jax_dqn import xla_setup
 from agents.dqn import DQNConfig
 from agents.dqn import experiment as experiment_lib
 from agents.dqn.config import ConfigError
@@ -18,6 +20,7 @@ from tests.fakes import ROOT
     ("anakin", "gymnax:CartPole-v1", "mlp", 0, 1),
     ("anakin", "gymnax:Breakout-MinAtar", "auto", 0, 0),  # A conv torso: XLA's default.
     ("anakin", "gymnax:Breakout-MinAtar", "minatar_conv", 0, 0),
+    ("anakin", "gymnax:Pong-misc", "auto", 0, 0),  # 30x40x3 images.
     ("anakin", "gymnax:Breakout-MinAtar", "auto", 3, 3),  # Asked for: as asked.
     ("local", "gymnasium:CartPole-v1", "auto", 0, 0),  # Only anakin mode picks.
     ("local", "gymnasium:CartPole-v1", "auto", 2, 2),
@@ -28,10 +31,31 @@ def test_the_kit_picks_one_worker_for_anakin_runs_with_an_mlp_torso(run_mode, en
   assert experiment_lib.cpu_threads(experiment, DQNConfig(torso=torso)) == picked
 
 
-def test_distributed_mode_refuses_cpu_threads_naming_the_flag():
+def test_distributed_mode_and_one_cpu_core_refuse_cpu_threads_naming_the_flag():
   with pytest.raises(ConfigError, match="`cpu_threads`=2: sizes the XLA CPU client of this "
                                         "process"):
     experiment_lib.ExperimentConfig(run_mode="distributed", cpu_threads=2)
+  with pytest.raises(ConfigError, match="`cpu_threads`=2: and `one_cpu_core` both size"):
+    experiment_lib.ExperimentConfig(run_mode="anakin", one_cpu_core=True, cpu_threads=2)
+
+
+@pytest.mark.parametrize("platforms, blocked", [("cpu", False), (" CPU ,", False),
+                                                 ("cuda", True), ("cuda,cpu", True)])
+def test_a_platform_list_other_than_the_cpu_alone_leaves_the_client_to_jax(platforms, blocked):
+  assert xla_setup._accelerator_plugins(platforms) is blocked  # pylint: disable=protected-access
+
+
+def test_an_asked_count_that_cannot_apply_is_said_in_one_warning(capsys):
+  """Here the test process's client exists: `cpu_threads`=3 is not applied, and a line says
+  why; the kit's own pick (0) goes quietly."""
+  jax.devices()
+  for asked in (3, 0):
+    experiment = experiment_lib.ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin",
+                                                 cpu_threads=asked)
+    experiment_lib.set_up_cpu_client(experiment, DQNConfig())
+  err = capsys.readouterr().err
+  assert err.count("is not applied") == 1
+  assert "`cpu_threads`=3 is not applied: JAX's CPU client exists already" in err
 
 
 _CLIENT = """

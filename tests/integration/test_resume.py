@@ -101,11 +101,12 @@ def test_anakin_sigkill_after_a_checkpoint_then_resume_is_exact(tmp_path):
   assert max(int(d) for d in os.listdir(killed / "checkpoints")) == resume_step
   # The 2 seeds ran split over 2 CPU devices; asked for 1, the resume keeps the checkpoint's 2.
   # XLA's CPU threads are the process's alone: the resume may run on another count.
-  result = run_dqn(f"--logdir={killed}", *args, "--resume", "--cpu_devices=1", "--cpu_threads=2")
+  result = run_dqn(f"--logdir={killed}", *args, "--resume", "--cpu_devices=1", "--cpu_threads=3")
   assert result.returncode == 0, result.stderr[-3000:]
   assert "the resume keeps 2" in result.stderr, result.stderr[-3000:]
   assert _summary(full)["seed_devices"] == _summary(killed)["seed_devices"] == 2
-  assert (_summary(full)["cpu_threads"], _summary(killed)["cpu_threads"]) == (1, 2)
+  # One worker for the MLP, raised to one per device; then the 3 asked for.
+  assert (_summary(full)["cpu_threads"], _summary(killed)["cpu_threads"]) == (2, 3)
   _assert_same_run(full, killed, resumed_from=resume_step)
   assert (_summary(full)["params_checksum_per_seed"]
           == _summary(killed)["params_checksum_per_seed"])
