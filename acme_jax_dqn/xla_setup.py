@@ -178,7 +178,7 @@ def run_xla_on_one_cpu_core() -> bool:
   return True
 
 
-_CPU_THREADS_SET = None  # What `set_cpu_threads` created the CPU client with; None: XLA's own.
+_CPU_THREADS_SET = None  # The CPU client's workers where `set_cpu_threads` made it; None: XLA's.
 
 
 def set_cpu_threads(count: int) -> bool:
