@@ -6,6 +6,7 @@ device query); each says so, and returns False when it is too late.
 """
 
 import contextlib
+import functools
 import os
 from typing import Any, Dict, Optional, Tuple
 
@@ -166,8 +167,7 @@ def run_xla_on_one_cpu_core() -> bool:
   compile (bench/speed.py --mode=anakin). Returns False, changing nothing, when
   the client already exists or the platform has no CPU affinity.
   """
-  from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
-  if xla_bridge.backends_are_initialized() or not hasattr(os, "sched_setaffinity"):
+  if one_cpu_core_blocked():
     return False
   allowed = os.sched_getaffinity(0)
   os.sched_setaffinity(0, {min(allowed)})
@@ -176,6 +176,13 @@ def run_xla_on_one_cpu_core() -> bool:
   finally:
     os.sched_setaffinity(0, allowed)  # Python and later host threads use every core again.
   return True
+
+
+def one_cpu_core_blocked() -> bool:
+  """Whether `run_xla_on_one_cpu_core` would change nothing now: the client exists, or the
+  platform sets no CPU affinity."""
+  from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
+  return xla_bridge.backends_are_initialized() or not hasattr(os, "sched_setaffinity")
 
 
 _CPU_THREADS_SET = None  # The CPU client's workers where `set_cpu_threads` made it; None: XLA's.
@@ -230,16 +237,21 @@ def cpu_threads_set() -> Optional[int]:
 
 def _accelerator_plugins(jax_platforms: Optional[str] = None) -> bool:
   """Whether JAX may start a GPU or TPU client here: `jax_platforms` (default: JAX's setting)
-  names another platform, or, where it names none, a plugin is installed (`jax_plugins`
-  modules or entry points, libtpu)."""
-  import importlib.metadata  # pylint: disable=import-outside-toplevel
-  import importlib.util  # pylint: disable=import-outside-toplevel
-  import pkgutil  # pylint: disable=import-outside-toplevel
+  names another platform, or, where it names none, a plugin is installed."""
   if jax_platforms is None:
     jax_platforms = jax.config.jax_platforms or ""
   platforms = {p.strip().lower() for p in jax_platforms.split(",")} - {""}
   if platforms:
     return platforms != {"cpu"}
+  return _plugins_installed()
+
+
+@functools.lru_cache(maxsize=None)  # Installed packages stay as they are within a process.
+def _plugins_installed() -> bool:
+  """Whether a `jax_plugins` module or entry point, or libtpu, is installed."""
+  import importlib.metadata  # pylint: disable=import-outside-toplevel
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  import pkgutil  # pylint: disable=import-outside-toplevel
   try:
     import jax_plugins  # pylint: disable=import-outside-toplevel
     if any(pkgutil.iter_modules(jax_plugins.__path__)):

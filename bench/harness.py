@@ -54,7 +54,7 @@ def anakin_run_flags(repeats: int):
   timed. It creates XLA's CPU client as run_dqn does (its devices, `--one_cpu_core`,
   `--cpu_threads`): for the whole process, so a peer's program timed here shares it."""
   # pylint: disable=import-outside-toplevel
-  from jax._src import xla_bridge
+  from acme_jax_dqn import xla_setup
   from agents.dqn import experiment as experiment_lib
   from launch import flags as launch_flags
   if repeats < 1:
@@ -64,8 +64,7 @@ def anakin_run_flags(repeats: int):
   if experiment.run_mode != "anakin":
     bad_input(f"--run_mode={experiment.run_mode}: this bench times anakin mode; pass an "
               f"anakin flagfile, e.g. --flagfile={ANAKIN_CFG}.")
-  if experiment.one_cpu_core and (xla_bridge.backends_are_initialized()
-                                  or not hasattr(os, "sched_setaffinity")):
+  if experiment.one_cpu_core and xla_setup.one_cpu_core_blocked():
     bad_input("--one_cpu_core: XLA's CPU client exists already (or this platform sets no CPU "
               "affinity), so it cannot be made on one core here; run without --one_cpu_core.")
   experiment_lib.set_up_cpu_client(experiment, config)
