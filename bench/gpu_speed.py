@@ -22,6 +22,9 @@ its compiled program. Both programs' backends start in their imports
 (gymnax's import makes arrays), before either clock.
 With `--repeats` > 1 the pairs alternate, so a machine's drift reaches both,
 and a line gives the median of the pairs' ratios beside each pair's own.
+PureJaxRL's vmapped seeds share one key after their first reset (bench/purejaxrl_peer.py);
+with `--purejaxrl_independent_seeds` each seed count above 1 also times its program with
+each seed trained from its own key, and a line sets ours against that.
 Prints one table and writes it to --out.
 """
 
@@ -46,6 +49,10 @@ flags.DEFINE_list("minatar_seeds", ["1", "64"], "Seeds per program, Breakout-Min
                   "empty: none.")
 flags.DEFINE_integer("total_steps", 200_000, "Env steps per seed.")
 flags.DEFINE_integer("repeats", 1, "Alternating pairs per seed count.")
+flags.DEFINE_bool("purejaxrl_independent_seeds", False, "At each --num_seeds above 1, also run "
+                  "PureJaxRL's program with each seed trained from its own key (in memory; as "
+                  "the script is, its vmapped seeds share one key after their first reset: "
+                  "bench/purejaxrl_peer.py), in its own process after the one as it is.")
 flags.DEFINE_list("extra_flags", [], "More launch.run_dqn flags for our runs, e.g. "
                   "--extra_flags=--prng_impl=unsafe_rbg.")
 flags.DEFINE_string("logdir", "runs/bench_gpu_speed", "Where our runs write their logs.")
@@ -56,12 +63,14 @@ CFG = "launch/configs/cartpole_anakin_purejaxrl.cfg"
 GOAL_RATIO, GOAL_BREAKOUT_SPS, GOAL_COMPILE_SLACK_S = 1.2, 100_000, 3.0
 
 
-def peer(num_seeds: int) -> dict:
-  """PureJaxRL's timed run; `outside_run_s`: its process's seconds less its run after compiling."""
+def peer(num_seeds: int, independent_seeds: bool = False) -> dict:
+  """PureJaxRL's timed run; `outside_run_s`: its process's seconds less its run after compiling.
+  `independent_seeds`: each seed trained from its own key (bench/purejaxrl_peer.py)."""
   start = time.perf_counter()
   out = subprocess.run(
       [sys.executable, "-m", "bench.purejaxrl_peer", f"--purejaxrl_dir={FLAGS.purejaxrl_dir}",
-       f"--num_seeds={num_seeds}", f"--total_steps={FLAGS.total_steps}"],
+       f"--num_seeds={num_seeds}", f"--total_steps={FLAGS.total_steps}"]
+      + (["--independent_seeds"] if independent_seeds else []),
       cwd=harness.ROOT, check=False, capture_output=True, text=True)
   if out.returncode:  # One line, not the child's traceback: most often too many seeds.
     lines = out.stderr.strip().splitlines() or ["(no output)"]
@@ -120,6 +129,8 @@ def main(argv):
     ratios = []
     for repeat in range(FLAGS.repeats):
       theirs = peer(num_seeds)
+      apart = (peer(num_seeds, independent_seeds=True)
+               if FLAGS.purejaxrl_independent_seeds and num_seeds > 1 else None)
       mine = ours(num_seeds, "gymnax:CartPole-v1", f"cartpole_{num_seeds}_{repeat}")
       summary = mine["summary"]
       ratio = mine["sps_after_compile"] / theirs["sps_after_compile"]
@@ -130,6 +141,10 @@ def main(argv):
       harness.add_row(rows, f"| PureJaxRL dqn.py | CartPole-v1 | {num_seeds} | "
                       f"{theirs['compile_s']:.1f} | {theirs['sps_after_compile']:,.0f} | | | "
                       f"{theirs['outside_run_s']:.1f} |")
+      if apart:
+        harness.add_row(rows, f"| PureJaxRL dqn.py, seeds independent | CartPole-v1 | "
+                        f"{num_seeds} | {apart['compile_s']:.1f} | "
+                        f"{apart['sps_after_compile']:,.0f} | | | {apart['outside_run_s']:.1f} |")
       harness.add_row(rows, f"| ours | CartPole-v1 | {num_seeds} | {mine['compile_s']:.1f} | "
                       f"{mine['sps_after_compile']:,.0f} | **{ratio:.2f}x** | "
                       f"{mine['eval_s']:.3f} | {mine['outside_run_s']:.1f} |")
@@ -149,6 +164,12 @@ def main(argv):
                    f"{'met' if setup_ok else 'missed'}); process less the run "
                    f"{mine['outside_run_s']:.1f} s against {theirs['outside_run_s']:.1f} s "
                    f"(the same goal: {'met' if outside_ok else 'missed'}).")
+      if apart:
+        goals.append(f"{num_seeds} seed(s), pair {repeat + 1}, beside PureJaxRL with its seeds "
+                     "independent: ours "
+                     f"{mine['sps_after_compile'] / apart['sps_after_compile']:.2f}x its env "
+                     "steps/s; PureJaxRL as it is ran "
+                     f"{theirs['sps_after_compile'] / apart['sps_after_compile']:.2f}x them.")
     if len(ratios) > 1:  # One cold process carries its luck; the pairs' median less so.
       median = statistics.median(ratios)
       goals.append(f"{num_seeds} seed(s), median of {len(ratios)} pairs: {median:.2f}x "

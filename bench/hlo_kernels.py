@@ -75,6 +75,10 @@ from launch import flags as launch_flags  # pylint: disable=wrong-import-positio
 launch_flags.define_flags()
 flags.DEFINE_string("purejaxrl_dir", "", "A checkout of luchris429/purejaxrl (its purejaxrl/dqn.py "
                     "is compiled beside ours); empty: ours only.")
+flags.DEFINE_bool("purejaxrl_independent_seeds", False, "Give each of PureJaxRL's vmapped "
+                  "seeds its own key from its network's init on (in memory); as the script "
+                  "is, its seeds share one key after their first reset "
+                  "(bench/purejaxrl_peer.py).")
 flags.DEFINE_integer("iterations", 4, "Iterations in the compiled chunk (any; the body is the same).")
 flags.DEFINE_enum("target", "local", ["local", "h200"], "The device to compile for: JAX's "
                   "default backend here, or an H200, compiled for on a host with no GPU "
@@ -164,7 +168,8 @@ def ours_hlo(place: Callable, platform: str, config: DQNConfig, experiment: Expe
 def purejaxrl_hlo(checkout: str, place: Callable) -> Tuple[str, None, float, float, int]:
   """(optimized HLO, None, env steps per iteration, share of iterations that learn, 1)."""
   config = purejaxrl_peer.main_config(10 * FLAGS.iterations * 10)
-  train = purejaxrl_peer.make_train(purejaxrl_peer.load(checkout), config)
+  module = purejaxrl_peer.load(checkout, independent_seeds=FLAGS.purejaxrl_independent_seeds)
+  train = purejaxrl_peer.make_train(module, config)
   keys = place(jax.eval_shape(lambda: jax.random.split(jax.random.PRNGKey(0),
                                                         FLAGS.num_seeds)))
   # It learns when its env-step count (NUM_ENVS more each iteration) is a multiple of
@@ -209,7 +214,8 @@ def main(argv):
   builds = {f"ours ({', '.join(flagfiles) or 'default flags'})":
             functools.partial(ours_hlo, place, platform, config, experiment)}
   if FLAGS.purejaxrl_dir:
-    builds["PureJaxRL dqn.py (main() config)"] = functools.partial(
+    seeds = ", seeds independent" if FLAGS.purejaxrl_independent_seeds else ""
+    builds[f"PureJaxRL dqn.py (main() config{seeds})"] = functools.partial(
         purejaxrl_hlo, FLAGS.purejaxrl_dir, place)
   programs, build_s = {}, {}
   for name, build in builds.items():

@@ -6,6 +6,19 @@ memory with its `main()` config. Three changes, in memory only: gymnax
 1.0's step returns `terminated, truncated` where the script unpacks one
 `done` (so `done` is their `or`); `wandb`, imported but unused here, is a
 stand-in module; and `jax.tree_map` (gone from jax 0.6 on) is `jax.tree.map`.
+
+Its seeds share their random numbers. `train(rng)` splits each seed's key
+once, for its environments' first reset, then replaces it with
+`PRNGKey(0)` ("use a dummy rng here", for the example transition that
+sizes the buffer) and goes on from that key: under `jax.vmap` over seeds
+every seed starts from the same parameters and draws the same
+exploration, environment-step keys and replay indices, and only the
+first resets differ. The program then draws one set of random numbers
+per step for all its seeds, where independent runs (ours) draw one per
+seed. `independent_seeds=True` changes two more lines in memory: the
+dummy key serves the example transition alone, and the network's init
+and the training loop go on from the seed's key, so each seed is its own
+run, as ours are.
 """
 
 import os
@@ -31,6 +44,16 @@ _REPLACEMENTS = (
      "            train_state = train_state.replace(\n"
      "                timesteps=train_state.timesteps + config[\"NUM_ENVS\"]"),
 )
+# With `independent_seeds`: the seed's key is kept past the dummy one and used from the
+# network's init on.
+_INDEPENDENT_SEEDS = (
+    ("        rng = jax.random.PRNGKey(0)  # use a dummy rng here",
+     "        seed_rng, rng = rng, jax.random.PRNGKey(0)  # use a dummy rng here"),
+    ("        network = QNetwork(action_dim=env.action_space(env_params).n)\n"
+     "        rng, _rng = jax.random.split(rng)",
+     "        network = QNetwork(action_dim=env.action_space(env_params).n)\n"
+     "        rng, _rng = jax.random.split(seed_rng)"),
+)
 
 
 def main_config(total_steps: int, env_name: str = "CartPole-v1") -> Dict[str, Any]:
@@ -43,8 +66,12 @@ def main_config(total_steps: int, env_name: str = "CartPole-v1") -> Dict[str, An
           "ENV_NAME": env_name, "SEED": 0, "NUM_SEEDS": 1, "WANDB_MODE": "disabled"}
 
 
-def load(checkout: str, flag: str = "--purejaxrl_dir") -> types.ModuleType:
-  """The script as a module; exits with a line naming `flag` when the checkout is not there."""
+def load(checkout: str, flag: str = "--purejaxrl_dir",
+         independent_seeds: bool = False) -> types.ModuleType:
+  """The script as a module; exits with a line naming `flag` when the checkout is not there.
+
+  `independent_seeds`: each vmapped seed trains from its own key (the module's docstring).
+  """
   path = os.path.join(checkout, "purejaxrl", "dqn.py")
   if not checkout or not os.path.exists(path):
     harness.bad_input(f"{flag}={checkout!r}: no purejaxrl/dqn.py there. Clone "
@@ -52,7 +79,7 @@ def load(checkout: str, flag: str = "--purejaxrl_dir") -> types.ModuleType:
                       f"{COMMIT}) and point {flag} at the clone.")
   with open(path) as f:
     source = f.read()
-  for old, new in _REPLACEMENTS:
+  for old, new in _REPLACEMENTS + (_INDEPENDENT_SEEDS if independent_seeds else ()):
     if old not in source:
       harness.bad_input(f"{path}: the line `{old.strip()}` is not there; the benches read "
                         f"PureJaxRL at commit {COMMIT}.")
@@ -83,7 +110,7 @@ def compile_train(checkout: str, num_seeds: int, config: Dict[str, Any],
 
 
 def time_run(checkout: str, num_seeds: int, total_steps: int,
-             env_name: str = "CartPole-v1") -> Dict[str, Any]:
+             env_name: str = "CartPole-v1", independent_seeds: bool = False) -> Dict[str, Any]:
   """Compiles then runs the script's program once, timing each part.
 
   `compile_s`: its program's lower and compile. `setup_s`: from the end of
@@ -91,9 +118,9 @@ def time_run(checkout: str, num_seeds: int, total_steps: int,
   started by then) to the compiled program: the environment, the keys,
   lower and compile; the span our runs' `compile_s` covers (ours also
   holds the init's first call). Then the run: `run_s` and env steps/s over
-  all seeds.
+  all seeds. `independent_seeds`: as `load` takes it.
   """
-  module = load(checkout)  # The script's imports (gymnax, flax, optax), before the clock.
+  module = load(checkout, independent_seeds=independent_seeds)  # The script's imports (gymnax, flax, optax), before the clock.
   start = time.perf_counter()
   compile_s, compiled, keys = compile_train(checkout, num_seeds,
                                             main_config(total_steps, env_name), module)
@@ -113,6 +140,7 @@ if __name__ == "__main__":  # One timed run in its own process, as JSON (bench/g
   parser.add_argument("--num_seeds", type=int, default=1)
   parser.add_argument("--total_steps", type=int, default=200_000)
   parser.add_argument("--env_name", default="CartPole-v1")
+  parser.add_argument("--independent_seeds", action="store_true")
   args = parser.parse_args()
   print(json.dumps(time_run(args.purejaxrl_dir, args.num_seeds, args.total_steps,
-                            args.env_name)))
+                            args.env_name, args.independent_seeds)))

@@ -28,6 +28,12 @@ vmapped on one device (run_dqn's layout on a GPU; on the CPU run_dqn
 splits seeds over CPU devices, so keep `--num_seeds=1` there). Logging
 and CSV writing are left out. A call of theirs is their compiled
 `train(keys)` (no evaluation). The compile cache is off for both.
+
+PureJaxRL's vmapped seeds share one key after their first reset, so
+over many seeds its program draws one set of random numbers per step
+for all of them (bench/purejaxrl_peer.py). `--purejaxrl_independent_seeds`
+also times its program with each seed trained from its own key, in every
+round between the other two, and gives ours' ratio to it.
 """
 
 import os
@@ -55,6 +61,10 @@ from bench import purejaxrl_peer  # pylint: disable=wrong-import-position
 
 launch_flags.define_flags()
 flags.DEFINE_string("purejaxrl_dir", "", "A checkout of luchris429/purejaxrl at commit 31756b1.")
+flags.DEFINE_bool("purejaxrl_independent_seeds", False, "Also time PureJaxRL's program with "
+                  "each vmapped seed trained from its own key (in memory; as the script is, "
+                  "its seeds share one key after their first reset: bench/purejaxrl_peer.py), "
+                  "in every round beside the other two.")
 flags.DEFINE_integer("repeats", 5, "Timed pairs after the warm-up pair.")
 flags.DEFINE_string("out", "", "Markdown table to write (default: "
                     "bench/results/purejaxrl_steady_<backend>.md).")
@@ -103,10 +113,11 @@ def ours_program(experiment, config):
   return compile_s, run, plan
 
 
-def theirs_program(total_steps: int, num_seeds: int):
+def theirs_program(total_steps: int, num_seeds: int, independent_seeds: bool = False):
   """(compile s, run(): their whole compiled program, env steps per seed)."""
+  module = purejaxrl_peer.load(FLAGS.purejaxrl_dir, independent_seeds=independent_seeds)
   compile_s, compiled, keys = purejaxrl_peer.compile_train(
-      FLAGS.purejaxrl_dir, num_seeds, purejaxrl_peer.main_config(total_steps))
+      FLAGS.purejaxrl_dir, num_seeds, purejaxrl_peer.main_config(total_steps), module)
   return compile_s, lambda: jax.block_until_ready(compiled(keys)), total_steps
 
 
@@ -121,24 +132,43 @@ def main(argv):
     ours_compile, ours_run, plan = ours_program(experiment, config)
   ours_steps = plan.env_steps
   theirs_compile, theirs_run, theirs_steps = theirs_program(experiment.total_steps, num_seeds)
-  pairs, checksums = [], set()
+  apart = FLAGS.purejaxrl_independent_seeds
+  if apart:
+    apart_compile, apart_run, _ = theirs_program(experiment.total_steps, num_seeds, True)
+  pairs, checksums, apart_s = [], set(), []
   for repeat in range(FLAGS.repeats + 1):
     t_theirs, _, cpu_theirs = harness.timed_call(theirs_run)
+    t_apart = harness.timed_call(apart_run)[0] if apart else None
     with xla_setup.prng_impl(experiment.prng_impl):
       t_ours, params, cpu_ours = harness.timed_call(ours_run)
     checksums.add(checkpointing.params_checksum(jax.device_get(params)))
     if repeat:
       pairs.append((t_ours, t_theirs, cpu_ours, cpu_theirs))
+      apart_s.append(t_apart)
   table = harness.PrintedTable(
       ["pair", "PureJaxRL s", "PureJaxRL env steps/s", "PureJaxRL CPU s (busiest thread + "
        "the others)", "ours s", "ours env steps/s", "ours CPU s (busiest thread + the others)",
-       "ours / PureJaxRL"], summary=harness.jax_here())
-  ratios = []
+       "ours / PureJaxRL"]
+      + (["PureJaxRL, seeds independent, env steps/s", "ours / it"] if apart else []),
+      summary=harness.jax_here())
+  ratios, apart_ratios = [], []
   for i, (t_ours, t_theirs, cpu_ours, cpu_theirs) in enumerate(pairs):
     sps_ours, sps_theirs = ours_steps * num_seeds / t_ours, theirs_steps * num_seeds / t_theirs
     ratios.append(sps_ours / sps_theirs)
-    table.add(f"| {i + 1} | {t_theirs:.2f} | {sps_theirs:,.0f} | {_cpu_text(cpu_theirs)} | "
-              f"{t_ours:.2f} | {sps_ours:,.0f} | {_cpu_text(cpu_ours)} | {ratios[-1]:.2f}x |")
+    row = (f"| {i + 1} | {t_theirs:.2f} | {sps_theirs:,.0f} | {_cpu_text(cpu_theirs)} | "
+           f"{t_ours:.2f} | {sps_ours:,.0f} | {_cpu_text(cpu_ours)} | {ratios[-1]:.2f}x |")
+    if apart:
+      sps_apart = theirs_steps * num_seeds / apart_s[i]
+      apart_ratios.append(sps_ours / sps_apart)
+      row += f" {sps_apart:,.0f} | {apart_ratios[-1]:.2f}x |"
+    table.add(row)
+  apart_text = (
+      f" PureJaxRL with its seeds independent (compiled in {apart_compile:.1f} s) ran in "
+      "every round between the two; ours against it: median "
+      f"**{statistics.median(apart_ratios):.2f}x** (lowest {min(apart_ratios):.2f}x, highest "
+      f"{max(apart_ratios):.2f}x); PureJaxRL as it is against it: median "
+      f"{statistics.median(a / t for a, (_, t, _, _) in zip(apart_s, pairs)):.2f}x."
+      if apart else "")
   table.close(
       FLAGS.out or f"bench/results/purejaxrl_steady_{jax.default_backend()}.md",
       f"compared: ours (the run flags of the command, {num_seeds} seed(s), {ours_steps:,} env "
@@ -149,7 +179,8 @@ def main(argv):
       f"then run alternately, a warm-up pair first and not shown, on {harness.cpu_client_text()}"
       f". Median over {len(ratios)} "
       f"pairs: **{statistics.median(ratios):.2f}x** PureJaxRL's env steps/s (lowest "
-      f"{min(ratios):.2f}x, highest {max(ratios):.2f}x). CPU s: the CPU time each call took "
+      f"{min(ratios):.2f}x, highest {max(ratios):.2f}x).{apart_text} CPU s: the CPU time "
+      "each call took "
       "on this process's busiest thread, and on all its other threads (XLA's workers among "
       "them), from /proc; a call whose loop ran on one worker thread spends nearly all of it "
       "on that one, while a call split between two spends more CPU s than its wall time. "

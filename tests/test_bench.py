@@ -9,6 +9,8 @@ import sys
 import threading
 import time
 
+import jax
+import numpy as np
 import pytest
 
 from bench import anakin_programs
@@ -68,6 +70,42 @@ def test_the_loader_rewrites_the_step_unpacking_for_gymnax_1(tmp_path):
   assert module.make_train({"NUM_ENVS": 3})(None) == (True, True, 3)
   with open(tmp_path / "purejaxrl" / "dqn.py") as f:
     assert "_term, _trunc" not in f.read()  # The checkout itself is left as it was.
+
+
+# The lines around the key purejaxrl/dqn.py's `train` sets aside for a dummy one (commit
+# 31756b1), in a stand-in that returns the key its network's init would take.
+_DUMMY_KEY = '''
+import jax
+
+
+def network_key(rng):
+    if True:
+        class QNetwork:
+            def __init__(self, action_dim):
+                pass
+
+        class Env:
+            def action_space(self, params):
+                return type("Discrete", (), {"n": 2})
+
+        env, env_params = Env(), None
+        rng = jax.random.PRNGKey(0)  # use a dummy rng here
+        network = QNetwork(action_dim=env.action_space(env_params).n)
+        rng, _rng = jax.random.split(rng)
+        return _rng
+'''
+
+
+def test_purejaxrl_seeds_share_a_key_unless_the_loader_keeps_each_seeds_own(tmp_path):
+  """As the script is, every vmapped seed's network is made from the same dummy key; with
+  `independent_seeds` each from its own."""
+  checkout = _checkout(tmp_path, _STAND_IN + _DUMMY_KEY)
+  keys = jax.random.split(jax.random.PRNGKey(7), 3)
+  shared = jax.vmap(purejaxrl_peer.load(checkout).network_key)(keys)
+  apart = jax.vmap(purejaxrl_peer.load(checkout, independent_seeds=True).network_key)(keys)
+  assert len({tuple(np.asarray(k)) for k in shared}) == 1
+  assert len({tuple(np.asarray(k)) for k in apart}) == 3
+  assert tuple(np.asarray(apart[0])) == tuple(np.asarray(jax.random.split(keys[0])[1]))
 
 
 def test_a_script_of_another_commit_is_refused_by_name(tmp_path, capsys):
@@ -153,10 +191,11 @@ from absl import app
 from bench import gpu_speed, harness
 out, ours_sps, fake_peer, *flags = sys.argv[1:]
 ours_sps = iter(float(v) for v in ours_sps.split(","))
-if fake_peer == "yes":  # PureJaxRL's runs at 1,000 env steps/s, and no checkout to read.
-  gpu_speed.purejaxrl_peer.load = lambda *a, **k: None
-  gpu_speed.peer = lambda n: {"compile_s": 4.0, "setup_s": 6.5,
-                              "sps_after_compile": 1000.0, "outside_run_s": 8.0}
+if fake_peer != "no":  # PureJaxRL's runs at 1,000 env steps/s, and no checkout to read;
+  gpu_speed.purejaxrl_peer.load = lambda *a, **k: None  # with its seeds independent, at 800.
+  gpu_speed.peer = lambda n, independent_seeds=False: {
+      "compile_s": 4.0, "setup_s": 6.5, "outside_run_s": 8.0,
+      "sps_after_compile": 800.0 if independent_seeds else 1000.0}
 harness.run_preset = lambda *a, **k: {"compile_s": 6.0, "wall_s": 20.0, "eval_s": 0.1,
                                       "sps_after_compile_all_seeds": next(ours_sps)}
 sys.argv = ["gpu_speed", *flags, "--out=" + out]
@@ -193,6 +232,17 @@ def test_gpu_speed_gives_the_median_of_its_pairs_and_judges_the_goal_by_it(tmp_p
           "ours' compile s counts, 6.0 s against 6.5 s (the same goal: met)") in table
   assert ("- PureJaxRL, CartPole, 1 seed(s), pair 3: 6.5 s from its imports to its compiled "
           "program (the environment and keys, then lower and compile 4.0 s).") in table
+
+
+def test_gpu_speed_sets_many_seeds_against_purejaxrl_with_its_seeds_independent(tmp_path):
+  table = _gpu_speed_on_fake_runs(tmp_path / "apart.md", [1300, 1200], True,
+                                  "--num_seeds=1,4", "--minatar_seeds=",
+                                  "--purejaxrl_independent_seeds")
+  assert "| PureJaxRL dqn.py, seeds independent | CartPole-v1 | 4 | 4.0 | 800 |" in table
+  assert "seeds independent | CartPole-v1 | 1 |" not in table  # One seed has no others.
+  assert ("- 4 seed(s), pair 1, beside PureJaxRL with its seeds independent: ours 1.50x its "
+          "env steps/s; PureJaxRL as it is ran 1.25x them.") in table
+  assert "- 4 seed(s), pair 1: 1.20x PureJaxRL's env steps/s (goal >= 1.2: met)" in table
 
 
 def test_a_bench_run_without_the_checkout_says_what_to_clone_before_running(tmp_path):
