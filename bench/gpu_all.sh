@@ -9,7 +9,8 @@
 # DEADLINE       seconds for the whole script (default: 560); a step that would start with
 #                under 30 s left is skipped, and each step's cap is cut to what is left (less
 #                10 s in which a step that was told to stop finishes its checkpoint)
-# TINY=1         small sizes (8 seeds for 2,048; 20,000 env steps, 5,000 for the fused-loss,
+# TINY=1         small sizes (8 seeds for 2,048, 2 Breakout-MinAtar seeds for 64; 20,000 env
+#                steps, 5,000 for the fused-loss,
 #                target-update and packed-carry benches, 4,000 traced), to check the script
 # PYTHON         the interpreter (default: python3)
 # .whl/          wheels installed first, where present (bench/gpu_wheels.sh fetches them), for a
@@ -44,9 +45,11 @@ if [ "${WHEELS:-1}" != 0 ] && ls .whl/*.whl > /dev/null 2>&1; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if [ "${TINY:-0}" = 1 ]; then
-  STEPS_PER_SEED=20000; MANY=8; FUSED_STEPS=5000; TRACED_STEPS=4000; PACKED_STEPS=5000
+  STEPS_PER_SEED=20000; MANY=8; MINATAR_MANY=2; FUSED_STEPS=5000; TRACED_STEPS=4000
+  PACKED_STEPS=5000
 else
-  STEPS_PER_SEED=200000; MANY=2048; FUSED_STEPS=100000; TRACED_STEPS=20000; PACKED_STEPS=50000
+  STEPS_PER_SEED=200000; MANY=2048; MINATAR_MANY=64; FUSED_STEPS=100000; TRACED_STEPS=20000
+  PACKED_STEPS=50000
 fi
 if [ ! -f "$PEER/purejaxrl/dqn.py" ]; then
   echo "no PureJaxRL checkout at $PEER (PUREJAXRL_DIR): the steps beside it are skipped" \
@@ -85,7 +88,7 @@ breakout() {  # breakout CONV_IMPL SUFFIX
 }
 
 peer && step gpu_speed 240 $PY -m bench.gpu_speed --purejaxrl_dir="$PEER" \
-  --num_seeds=1,$MANY --minatar_seeds=1,64 --total_steps=$STEPS_PER_SEED \
+  --num_seeds=1,$MANY --minatar_seeds=1,$MINATAR_MANY --total_steps=$STEPS_PER_SEED \
   --logdir="$OUT/runs_default" --out="$OUT/gpu_speed.md"
 step target_update 100 $PY -m bench.target_update --flagfile=$CFG --seed_counts=$MANY \
   --total_steps=$PACKED_STEPS --repeats=2 --out="$OUT/target_update.md"
