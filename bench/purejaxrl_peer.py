@@ -120,7 +120,8 @@ def time_run(checkout: str, num_seeds: int, total_steps: int,
   holds the init's first call). Then the run: `run_s` and env steps/s over
   all seeds. `independent_seeds`: as `load` takes it.
   """
-  module = load(checkout, independent_seeds=independent_seeds)  # The script's imports (gymnax, flax, optax), before the clock.
+  # The script's imports (gymnax, flax, optax), before the clock.
+  module = load(checkout, independent_seeds=independent_seeds)
   start = time.perf_counter()
   compile_s, compiled, keys = compile_train(checkout, num_seeds,
                                             main_config(total_steps, env_name), module)
