@@ -105,11 +105,12 @@ def make_environment(name: str, seed: Optional[int] = None,
 def gives_images(name: str) -> bool:
   """Whether environment `name` gives image observations, judged from its name alone (no
   library imported, no error for a name `make_environment` would refuse): Atari and MinAtar
-  games do, and gymnax's MinAtar ports and Pong-misc (30x40x3); gymnasium's ids and gymnax's
-  other ids count as vectors."""
+  games do (gymnasium's `ALE/` ids too), and gymnax's MinAtar ports and Pong-misc (30x40x3);
+  gymnasium's other ids and gymnax's count as vectors. envpool's ids are judged by their
+  task's spec, not here, and count as vectors."""
   prefix, _, env_id = name.partition(":")
   return (prefix in ("atari", "minatar") or env_id.endswith("-MinAtar")
-          or (prefix == "gymnax" and env_id == "Pong-misc"))
+          or env_id.startswith("ALE/") or (prefix == "gymnax" and env_id == "Pong-misc"))
 
 
 def import_jax_library(name: str) -> None:

@@ -57,14 +57,16 @@ def set_anakin_cpu_devices(experiment: ExperimentConfig) -> bool:
 
 def cpu_threads(experiment: ExperimentConfig, config: DQNConfig) -> int:
   """The XLA CPU worker threads the run asks for: `cpu_threads`, or where it is 0, one in
-  anakin mode with an MLP torso and 0 (XLA's default) otherwise. Decided before the client
-  exists, so before the environment gives its observations: an "auto" torso counts as a conv
-  torso for the environments that give images (`envs.gives_images`)."""
-  if experiment.cpu_threads or experiment.run_mode != "anakin":
+  local and anakin mode with an MLP torso and 0 (XLA's default) otherwise. Decided before the
+  client exists, so before the environment gives its observations: an "auto" torso counts as
+  a conv torso for the environments that give images (`envs.gives_images`) and for envpool's,
+  whose tasks give either."""
+  if experiment.cpu_threads or experiment.run_mode == "distributed":
     return experiment.cpu_threads
   if config.torso == "auto":
     from acme_jax_dqn import envs  # pylint: disable=import-outside-toplevel
-    return 0 if envs.gives_images(experiment.env) else 1
+    name = experiment.env
+    return 0 if envs.gives_images(name) or name.startswith("envpool:") else 1
   return 1 if config.torso == "mlp" else 0
 
 

@@ -46,9 +46,9 @@ class ExperimentConfig:
       devices that divide `num_seeds`. No effect on GPUs or TPUs.
     cpu_threads: worker threads of XLA's CPU client, set where the run creates it (local
       and anakin modes; a process whose JAX client exists keeps its own), raised to one per
-      CPU device. 0 picks: one in anakin mode with an MLP torso (one seed's loop then never
-      runs split between two threads, which on 2 cores took 1.1-1.4x as long; it compiles
-      as fast), XLA's default (one per core) otherwise. Not applied where PJRT_NPROC or
+      CPU device. 0 picks: one in local and anakin mode with an MLP torso (one seed's loop
+      then never runs split between two threads, which on 2 cores took 1.1-1.4x as long; it
+      compiles as fast), XLA's default (one per core) otherwise. Not applied where PJRT_NPROC or
       NPROC is set or a GPU or TPU plugin of JAX is installed.
     prng_impl: JAX's PRNG for every key of the run: "threefry2x32" (JAX's
       default), "rbg" or "unsafe_rbg" (XLA's RngBitGenerator: less to compile;

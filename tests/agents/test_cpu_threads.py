@@ -22,11 +22,16 @@ from tests.fakes import ROOT
     ("anakin", "gymnax:Breakout-MinAtar", "minatar_conv", 0, 0),
     ("anakin", "gymnax:Pong-misc", "auto", 0, 0),  # 30x40x3 images.
     ("anakin", "gymnax:Breakout-MinAtar", "auto", 3, 3),  # Asked for: as asked.
-    ("local", "gymnasium:CartPole-v1", "auto", 0, 0),  # Only anakin mode picks.
+    ("local", "gymnasium:CartPole-v1", "auto", 0, 1),  # Local mode picks alike.
     ("local", "gymnasium:CartPole-v1", "auto", 2, 2),
+    ("local", "atari:Pong", "auto", 0, 0),
+    ("local", "gymnasium:ALE/Pong-v5", "auto", 0, 0),
+    ("local", "envpool:CartPole-v1", "auto", 0, 0),  # envpool's tasks give either.
+    ("local", "envpool:CartPole-v1", "mlp", 0, 1),
+    ("distributed", "gymnasium:CartPole-v1", "auto", 0, 0),  # Its nodes make their own.
 ])
-def test_the_kit_picks_one_worker_for_anakin_runs_with_an_mlp_torso(run_mode, env, torso, asked,
-                                                                    picked):
+def test_the_kit_picks_one_worker_for_runs_with_an_mlp_torso(run_mode, env, torso, asked,
+                                                             picked):
   experiment = experiment_lib.ExperimentConfig(env=env, run_mode=run_mode, cpu_threads=asked)
   assert experiment_lib.cpu_threads(experiment, DQNConfig(torso=torso)) == picked
 

@@ -37,6 +37,7 @@ def test_run_dqn_with_tiny_flagfile_writes_summary_and_logs(tmp_path):
   assert 0 < summary["compile_s"] < summary["wall_s"]
   assert summary["sps_after_compile"] > summary["sps"] > 0
   assert summary["config"]["hidden_sizes"] == [16]
+  assert summary["cpu_threads"] == 1  # An MLP torso's client: one XLA worker thread.
   train_rows = (logdir / "train.csv").read_text().strip().splitlines()
   eval_rows = (logdir / "eval.csv").read_text().strip().splitlines()
   assert train_rows[0].startswith("env_steps,learner_steps") and len(train_rows) == 3
