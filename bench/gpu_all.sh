@@ -113,7 +113,7 @@ step kernel_times_many_fused 60 $PY -m bench.kernel_times --flagfile=$CFG --num_
   --total_steps=$TRACED_STEPS --fused_loss --out="$OUT/kernel_times_many_fused.md"
 peer && step compile_time 90 $PY -m bench.compile_time --flagfile=$CFG --num_seeds=$MANY \
   --total_steps=$STEPS_PER_SEED --repeats=1 --purejaxrl_dir="$PEER" --out="$OUT/compile_time.md"
-peer && step gpu_speed_independent_seeds 120 $PY -m bench.gpu_speed --purejaxrl_dir="$PEER" \
+peer && step gpu_speed_independent_seeds 180 $PY -m bench.gpu_speed --purejaxrl_dir="$PEER" \
   --num_seeds=$MANY --minatar_seeds= --total_steps=$STEPS_PER_SEED --purejaxrl_independent_seeds \
   --logdir="$OUT/runs_independent_seeds" --out="$OUT/gpu_speed_independent_seeds.md"
 echo "== done at $(( $(date +%s) - START )) s" | tee -a "$OUT/log.txt"

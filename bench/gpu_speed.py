@@ -108,25 +108,27 @@ def phases_line(name: str, mine: dict) -> str:
           + ", ".join(f"{step} {t:.1f}" for step, t in phases) + " s from its start.")
 
 
-def check_peer(checkout: str, needed: bool = True) -> None:
+def check_peer(checkout: str, needed: bool = True, independent_seeds: bool = False) -> None:
   """Loads the checkout's script where `needed` (a CartPole seed count is asked for), so that
   a missing or other checkout stops the bench before any run; with this process on JAX's CPU
   backend either way: it times nothing itself, and a GPU client
   here would hold most of the GPU's memory (XLA preallocates it) for the whole bench,
-  leaving the timed processes the rest."""
+  leaving the timed processes the rest. `independent_seeds`: the lines that option rewrites
+  must be there too."""
   jax.config.update("jax_platforms", "cpu")
   if needed:
-    purejaxrl_peer.load(checkout)
+    purejaxrl_peer.load(checkout, independent_seeds=independent_seeds)
 
 
 def main(argv):
   del argv
-  check_peer(FLAGS.purejaxrl_dir, needed=bool(FLAGS.num_seeds))
+  check_peer(FLAGS.purejaxrl_dir, needed=bool(FLAGS.num_seeds),
+             independent_seeds=FLAGS.purejaxrl_independent_seeds)
   header = ["program", "env", "seeds", "compile s", "env steps/s after compile (all seeds)",
             "ours / PureJaxRL", "of which evaluation s", "process s less the run"]
   rows, goals, phases, summary = [], [], [], None
   for num_seeds in map(int, FLAGS.num_seeds):
-    ratios = []
+    ratios, apart_ratios = [], []
     for repeat in range(FLAGS.repeats):
       theirs = peer(num_seeds)
       apart = (peer(num_seeds, independent_seeds=True)
@@ -165,6 +167,7 @@ def main(argv):
                    f"{mine['outside_run_s']:.1f} s against {theirs['outside_run_s']:.1f} s "
                    f"(the same goal: {'met' if outside_ok else 'missed'}).")
       if apart:
+        apart_ratios.append(mine["sps_after_compile"] / apart["sps_after_compile"])
         goals.append(f"{num_seeds} seed(s), pair {repeat + 1}, beside PureJaxRL with its seeds "
                      "independent: ours "
                      f"{mine['sps_after_compile'] / apart['sps_after_compile']:.2f}x its env "
@@ -176,6 +179,11 @@ def main(argv):
                    f"PureJaxRL's env steps/s (lowest {min(ratios):.2f}x, highest "
                    f"{max(ratios):.2f}x; goal >= {GOAL_RATIO}: "
                    f"{'met' if median >= GOAL_RATIO else 'missed'}).")
+    if len(apart_ratios) > 1:
+      goals.append(f"{num_seeds} seed(s), median of {len(apart_ratios)} pairs beside PureJaxRL "
+                   f"with its seeds independent: {statistics.median(apart_ratios):.2f}x its "
+                   f"env steps/s (lowest {min(apart_ratios):.2f}x, highest "
+                   f"{max(apart_ratios):.2f}x).")
   for num_seeds in map(int, FLAGS.minatar_seeds):
     mine = ours(num_seeds, "gymnax:Breakout-MinAtar", f"breakout_{num_seeds}")
     phases.append(phases_line(f"Breakout-MinAtar, {num_seeds} seed(s)", mine))

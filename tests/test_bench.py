@@ -90,9 +90,10 @@ def network_key(rng):
 
         env, env_params = Env(), None
         rng = jax.random.PRNGKey(0)  # use a dummy rng here
+        dummy = rng  # What the example transition takes.
         network = QNetwork(action_dim=env.action_space(env_params).n)
         rng, _rng = jax.random.split(rng)
-        return _rng
+        return _rng, dummy
 '''
 
 
@@ -101,11 +102,25 @@ def test_purejaxrl_seeds_share_a_key_unless_the_loader_keeps_each_seeds_own(tmp_
   `independent_seeds` each from its own."""
   checkout = _checkout(tmp_path, _STAND_IN + _DUMMY_KEY)
   keys = jax.random.split(jax.random.PRNGKey(7), 3)
-  shared = jax.vmap(purejaxrl_peer.load(checkout).network_key)(keys)
-  apart = jax.vmap(purejaxrl_peer.load(checkout, independent_seeds=True).network_key)(keys)
+  shared, dummy = jax.vmap(purejaxrl_peer.load(checkout).network_key)(keys)
+  apart, dummy_apart = jax.vmap(
+      purejaxrl_peer.load(checkout, independent_seeds=True).network_key)(keys)
   assert len({tuple(np.asarray(k)) for k in shared}) == 1
   assert len({tuple(np.asarray(k)) for k in apart}) == 3
   assert tuple(np.asarray(apart[0])) == tuple(np.asarray(jax.random.split(keys[0])[1]))
+  # The example transition keeps the dummy key either way.
+  for d in (*dummy, *dummy_apart):
+    assert tuple(np.asarray(d)) == tuple(np.asarray(jax.random.PRNGKey(0)))
+
+
+def test_a_checkout_without_the_lines_independent_seeds_rewrites_is_refused_by_name(
+    tmp_path, capsys):
+  checkout = _checkout(tmp_path, _STAND_IN)  # No dummy key in it.
+  purejaxrl_peer.load(checkout)  # As it is: nothing missing.
+  with pytest.raises(SystemExit) as stop:
+    purejaxrl_peer.load(checkout, independent_seeds=True)
+  assert stop.value.code == 2
+  assert "use a dummy rng here` is not there" in capsys.readouterr().err
 
 
 def test_a_script_of_another_commit_is_refused_by_name(tmp_path, capsys):
@@ -243,6 +258,11 @@ def test_gpu_speed_sets_many_seeds_against_purejaxrl_with_its_seeds_independent(
   assert ("- 4 seed(s), pair 1, beside PureJaxRL with its seeds independent: ours 1.50x its "
           "env steps/s; PureJaxRL as it is ran 1.25x them.") in table
   assert "- 4 seed(s), pair 1: 1.20x PureJaxRL's env steps/s (goal >= 1.2: met)" in table
+  table = _gpu_speed_on_fake_runs(tmp_path / "apart_pairs.md", [1200, 1600], True,
+                                  "--num_seeds=4", "--minatar_seeds=", "--repeats=2",
+                                  "--purejaxrl_independent_seeds")
+  assert ("- 4 seed(s), median of 2 pairs beside PureJaxRL with its seeds independent: 1.75x "
+          "its env steps/s (lowest 1.50x, highest 2.00x).") in table
 
 
 def test_a_bench_run_without_the_checkout_says_what_to_clone_before_running(tmp_path):

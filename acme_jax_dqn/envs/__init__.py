@@ -105,12 +105,16 @@ def make_environment(name: str, seed: Optional[int] = None,
 def gives_images(name: str) -> bool:
   """Whether environment `name` gives image observations, judged from its name alone (no
   library imported, no error for a name `make_environment` would refuse): Atari and MinAtar
-  games do (gymnasium's `ALE/` ids too), and gymnax's MinAtar ports and Pong-misc (30x40x3);
-  gymnasium's other ids and gymnax's count as vectors. envpool's ids are judged by their
-  task's spec, not here, and count as vectors."""
+  games do, by the kit's prefixes or by gymnasium's ids (`ALE/` but its `-ram` ids,
+  `MinAtar/`, `NoFrameskip`, also as `module:Id`), and so do CarRacing, gymnax's MinAtar
+  ports and Pong-misc (30x40x3); other names count as vectors (envpool's tasks are judged
+  by their spec, not here)."""
   prefix, _, env_id = name.partition(":")
+  game = env_id.rpartition(":")[2]  # gymnasium's `module:Id` form: the Id.
   return (prefix in ("atari", "minatar") or env_id.endswith("-MinAtar")
-          or env_id.startswith("ALE/") or (prefix == "gymnax" and env_id == "Pong-misc"))
+          or (game.startswith("ALE/") and "-ram" not in game)
+          or game.startswith(("MinAtar/", "CarRacing")) or "NoFrameskip" in game
+          or (prefix == "gymnax" and env_id == "Pong-misc"))
 
 
 def import_jax_library(name: str) -> None:

@@ -8,6 +8,7 @@ import sys
 import jax
 import pytest
 
+from acme_jax_dqn import envs
 from acme_jax_dqn import xla_setup
 from agents.dqn import DQNConfig
 from agents.dqn import experiment as experiment_lib
@@ -25,7 +26,10 @@ from tests.fakes import ROOT
     ("local", "gymnasium:CartPole-v1", "auto", 0, 1),  # Local mode picks alike.
     ("local", "gymnasium:CartPole-v1", "auto", 2, 2),
     ("local", "atari:Pong", "auto", 0, 0),
-    ("local", "gymnasium:ALE/Pong-v5", "auto", 0, 0),
+    ("local", "gymnasium:ale_py:ALE/Pong-v5", "auto", 0, 0),
+    ("local", "gymnasium:ale_py:ALE/Pong-ram-v5", "auto", 0, 0),  # Another module's: unknown.
+    ("local", "gymnasium:Acrobot-v1", "auto", 0, 1),
+    ("local", "gymnasium:CarRacing-v3", "auto", 0, 0),
     ("local", "envpool:CartPole-v1", "auto", 0, 0),  # envpool's tasks give either.
     ("local", "envpool:CartPole-v1", "mlp", 0, 1),
     ("distributed", "gymnasium:CartPole-v1", "auto", 0, 0),  # Its nodes make their own.
@@ -34,6 +38,18 @@ def test_the_kit_picks_one_worker_for_runs_with_an_mlp_torso(run_mode, env, tors
                                                              picked):
   experiment = experiment_lib.ExperimentConfig(env=env, run_mode=run_mode, cpu_threads=asked)
   assert experiment_lib.cpu_threads(experiment, DQNConfig(torso=torso)) == picked
+
+
+@pytest.mark.parametrize("name, images", [
+    ("atari:Pong", True), ("minatar:breakout", True), ("gymnax:Breakout-MinAtar", True),
+    ("gymnax:Pong-misc", True), ("gymnax:CartPole-v1", False),
+    ("gymnasium:CartPole-v1", False), ("gymnasium:ale_py:ALE/Pong-v5", True),
+    ("gymnasium:ALE/Breakout-v5", True), ("gymnasium:ale_py:ALE/Pong-ram-v5", False),
+    ("gymnasium:minatar:MinAtar/Breakout-v1", True), ("gymnasium:PongNoFrameskip-v4", True),
+    ("gymnasium:CarRacing-v3", True), ("envpool:Pong-v5", False),
+])
+def test_images_are_told_from_the_environments_name(name, images):
+  assert envs.gives_images(name) is images
 
 
 def test_distributed_mode_and_one_cpu_core_refuse_cpu_threads_naming_the_flag():
@@ -66,6 +82,7 @@ def test_an_asked_count_that_cannot_apply_is_said_in_one_warning(capsys):
 _CLIENT = """
 import json, os
 import jax
+from acme_jax_dqn import envs
 from acme_jax_dqn import xla_setup
 
 def xla_workers():  # XLA's CPU worker threads, by the name tsl gives them.
