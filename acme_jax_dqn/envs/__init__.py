@@ -117,6 +117,15 @@ def gives_images(name: str) -> bool:
           or (prefix == "gymnax" and env_id == "Pong-misc"))
 
 
+def gives_vectors(name: str) -> bool:
+  """Whether environment `name` surely gives vector observations, judged from its name alone:
+  it does not give images (`gives_images`), and it is neither an envpool task nor a gymnasium
+  id of another module (`module:Id`), whose observations only the environment tells."""
+  prefix, _, env_id = name.partition(":")
+  unknown = prefix == "envpool" or (prefix == "gymnasium" and ":" in env_id)
+  return not unknown and not gives_images(name)
+
+
 def import_jax_library(name: str) -> None:
   """Imports the library of a JAX environment `name` (gymnax), so that a run can import it
   before it times its build; any other name is left for `make_jax_environment` to refuse."""

@@ -59,15 +59,12 @@ def cpu_threads(experiment: ExperimentConfig, config: DQNConfig) -> int:
   """The XLA CPU worker threads the run asks for: `cpu_threads`, or where it is 0, one in
   local and anakin mode with an MLP torso and 0 (XLA's default) otherwise. Decided before the
   client exists, so before the environment gives its observations: an "auto" torso counts as
-  a conv torso for the environments that give images (`envs.gives_images`), for envpool's
-  tasks and for gymnasium ids of another module (`module:Id`), which may give either."""
+  an MLP where the environment's name surely gives vectors (`envs.gives_vectors`)."""
   if experiment.cpu_threads or experiment.run_mode == "distributed":
     return experiment.cpu_threads
   if config.torso == "auto":
     from acme_jax_dqn import envs  # pylint: disable=import-outside-toplevel
-    prefix, _, env_id = experiment.env.partition(":")
-    unknown = prefix == "envpool" or (prefix == "gymnasium" and ":" in env_id)
-    return 0 if unknown or envs.gives_images(experiment.env) else 1
+    return 1 if envs.gives_vectors(experiment.env) else 0
   return 1 if config.torso == "mlp" else 0
 
 

@@ -52,6 +52,15 @@ def test_images_are_told_from_the_environments_name(name, images):
   assert envs.gives_images(name) is images
 
 
+@pytest.mark.parametrize("name, vectors", [
+    ("gymnasium:CartPole-v1", True), ("gymnax:CartPole-v1", True), ("atari:Pong", False),
+    ("gymnasium:ale_py:ALE/Pong-ram-v5", False),  # Another module's id: not sure.
+    ("envpool:CartPole-v1", False),  # envpool's tasks give either.
+])
+def test_only_names_that_surely_give_vectors_count_as_vectors(name, vectors):
+  assert envs.gives_vectors(name) is vectors
+
+
 def test_distributed_mode_and_one_cpu_core_refuse_cpu_threads_naming_the_flag():
   with pytest.raises(ConfigError, match="`cpu_threads`=2: sizes the XLA CPU client of this "
                                         "process"):
