@@ -112,6 +112,10 @@ def first_layout_difference(saved: List[List[Any]], current: List[List[Any]]) ->
   return None
 
 
+def _shared_paths(a: List[List[Any]], b: List[List[Any]]) -> int:
+  return len({leaf[0] for leaf in a} & {leaf[0] for leaf in b})
+
+
 def _quiet_closed_loop_callbacks() -> None:
   """Drops the 'Event loop is closed' errors of reads still in flight after a failed restore.
 
@@ -264,7 +268,7 @@ class Checkpointer:
           f"an earlier one of {steps}.") from None
     return restored.params["params"], dict(restored.meta), step
 
-  def restore(self, target, explain=None, step: Optional[int] = None
+  def restore(self, target, explain=None, step: Optional[int] = None, earlier=None
               ) -> Tuple[Any, Dict[str, Any], Any, int]:
     """Restores the newest readable checkpoint (or `step`) into `target`'s structure.
 
@@ -273,6 +277,9 @@ class Checkpointer:
       explain: meta -> text naming the flags that differ from the
         checkpoint's run, added to a layout-mismatch error.
       step: a particular step; None takes the newest that reads.
+      earlier: (target, convert): an earlier layout of the same state that
+        the run also reads; a checkpoint in it is restored into that target
+        and passed through `convert`.
 
     Returns:
       (state, meta, host, step).
@@ -300,7 +307,16 @@ class Checkpointer:
       except _DAMAGE_ERRORS as error:
         set_aside.append(self._set_aside(candidate, error))
         continue
-      difference = first_layout_difference(meta.get("layout", []), current_layout)
+      saved = meta.get("layout", [])
+      difference = first_layout_difference(saved, current_layout)
+      into, convert = target, lambda state: state
+      if difference is not None and earlier is not None:
+        earlier_layout = tree_layout(earlier[0])
+        earlier_difference = first_layout_difference(saved, earlier_layout)
+        if earlier_difference is None:
+          (into, convert), difference = earlier, None
+        elif _shared_paths(saved, earlier_layout) > _shared_paths(saved, current_layout):
+          difference = earlier_difference  # Written in the earlier layout: name what else differs.
       if difference is not None:
         hint = explain(meta) if explain else ""
         raise CheckpointError(
@@ -309,7 +325,7 @@ class Checkpointer:
             "to start a new run.")
       try:
         restored = self._get_manager().restore(candidate, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target),
+            state=ocp.args.StandardRestore(into),
             host=ocp.args.StandardRestore()))
         host = pickle.loads(np.asarray(restored.host["pickle"]).tobytes())
       except _CODE_ERRORS as error:
@@ -322,7 +338,7 @@ class Checkpointer:
       except _DAMAGE_ERRORS as error:
         set_aside.append(self._set_aside(candidate, error))
         continue
-      return restored.state, meta, host, candidate
+      return convert(restored.state), meta, host, candidate
     self.close()
     raise CheckpointError(
         f"No readable checkpoint in {self.directory}: "

@@ -99,6 +99,67 @@ def _from_words(words: jax.Array, shape: Tuple[int, ...], dtype: np.dtype) -> ja
   return jax.lax.bitcast_convert_type(bits, dtype).reshape(shape)
 
 
+class RowPacker:
+  """Items of a pytree, each packed bit for bit into one unsigned vector per word width.
+
+  Built from one unbatched `example`; `pack` takes the tree with any
+  leading axes (a batch, a buffer's [1, capacity]) and gives a tuple of
+  arrays [..., words], one for each width of the leaves' elements (uint32
+  for float32 and int32 leaves, uint8 for uint8 and bool ones, ...) in the
+  order of the widths; `unpack` gives the tree back. Exact: bits go in and
+  come out unchanged (leaves as JAX holds them: 64-bit types in 32 bits
+  unless x64 is on), so a replay that stores items this way draws the
+  same values, and writing an item is one write per width instead of one
+  per leaf.
+  """
+
+  def __init__(self, example: Any):
+    leaves, self._treedef = jax.tree.flatten(example)
+    self._words: List[np.dtype] = []
+    self._slots: List[Tuple[int, int, int, Tuple[int, ...], np.dtype]] = []
+    offsets: Dict[np.dtype, int] = {}
+    for x in leaves:
+      x = jnp.asarray(x)  # Python numbers; 64-bit types as JAX holds them.
+      word = _word_dtype(x.dtype)
+      if word is None:
+        raise TypeError(f"RowPacker: a leaf of dtype {x.dtype} has no plain bits to pack")
+      dtype, shape = np.dtype(x.dtype), tuple(x.shape)
+      if word not in offsets:
+        self._words.append(word)
+        offsets[word] = 0
+      size = int(np.prod(shape))
+      self._slots.append((word, offsets[word], size, shape, dtype))
+      offsets[word] += size
+    self._words.sort(key=lambda w: -w.itemsize)
+    self._slots = [(self._words.index(w), *rest) for w, *rest in self._slots]
+
+  def pack(self, tree: Any) -> Tuple[jax.Array, ...]:
+    leaves = self._treedef.flatten_up_to(tree)
+    groups = [[] for _ in self._words]
+    for (group, _, size, shape, dtype), x in zip(self._slots, leaves):
+      if jax.dtypes.canonicalize_dtype(getattr(x, "dtype", np.result_type(x))) != dtype:
+        raise TypeError(f"RowPacker: a leaf of dtype {getattr(x, 'dtype', type(x))} where the "
+                        f"packer was built for {dtype}")
+      x = jnp.asarray(x)
+      if x.shape[x.ndim - len(shape):] != shape:
+        raise TypeError(f"RowPacker: a leaf is {x.dtype}{list(x.shape)} where the packer was "
+                        f"built for {dtype}{list(shape)} items")
+      lead = x.shape[:x.ndim - len(shape)]
+      bits = (x.astype(np.uint8) if dtype == np.bool_
+              else jax.lax.bitcast_convert_type(x, self._words[group]))
+      groups[group].append(bits.reshape(lead + (size,)))
+    return tuple(jnp.concatenate(g, axis=-1) for g in groups)
+
+  def unpack(self, packed: Tuple[jax.Array, ...]) -> Any:
+    leaves = []
+    for group, start, size, shape, dtype in self._slots:
+      words = packed[group][..., start:start + size]
+      words = words.reshape(words.shape[:-1] + shape)
+      leaves.append(words != 0 if dtype == np.bool_
+                    else jax.lax.bitcast_convert_type(words, dtype))
+    return jax.tree.unflatten(self._treedef, leaves)
+
+
 class WordPacker:
   """The leaves of a pytree that `chosen(path, leaf)` picks, bit for bit in one uint32 vector.
 

@@ -37,12 +37,14 @@ class Variant(NamedTuple):
   """How a chunk program is built: the warm-up as loops of its own, acting apart, the loops'
   carry packed (`acme_jax_dqn.anakin_loops.carry_scan`), the target update in a loop
   (`agents.dqn.seed_layout.target_update_loop`; these four None: the run's default for the
-  layout), XLA compiler options of its compile (None: XLA's defaults)."""
+  layout), XLA compiler options of its compile (None: XLA's defaults), replay items stored
+  packed (`acme_jax_dqn.replay.PackedItems`; None: the run's default, packed)."""
   loops: Optional[bool] = None
   apart: Optional[bool] = None
   options: Optional[Dict[str, Any]] = None
   packed: Optional[bool] = None
   target_loop: Optional[bool] = None
+  items: Optional[bool] = None
 
 
 STRUCTURES = {"conditional": Variant(False, False), "loops": Variant(True, False),
@@ -74,16 +76,24 @@ def programs(experiment, config, num_seeds: int, variants=None):
   iterations); a Program's run() is init and every chunk of the plan, -> (params, metric rows)."""
   env = envs.make_jax_environment(experiment.env)
   builder = DQNBuilder(config)
-  trainer = builder.make_anakin(env, builder.make_networks(env.spec, experiment.env),
-                                experiment.eval_episodes)
-  plan = AnakinPlan(trainer, config, experiment)
+  networks = builder.make_networks(env.spec, experiment.env)
   batched = seed_layout.runs_batched(num_seeds, experiment.prng_impl)
   keys = seeding.keys_of([experiment.seed + i for i in range(num_seeds)])  # As run_dqn's.
-  init_fn = jax.jit(named(seed_layout.over_seeds(trainer.init, batched), "init"))
-  state_shape = jax.eval_shape(init_fn, keys)
-  init = init_fn.lower(keys).compile()
+  built = {}
+
+  def build(items: bool):
+    """(trainer, compiled init, state shape), once per replay item layout."""
+    if items not in built:
+      trainer = builder.make_anakin(env, networks, experiment.eval_episodes, packed_items=items)
+      init_fn = jax.jit(named(seed_layout.over_seeds(trainer.init, batched), "init"))
+      built[items] = trainer, init_fn.lower(keys).compile(), jax.eval_shape(init_fn, keys)
+    return built[items]
+
+  plan = AnakinPlan(build(True)[0], config, experiment)
   out = {}
-  for name, (loops, apart, options, packed, target_loop) in (variants or STRUCTURES).items():
+  for name, (loops, apart, options, packed, target_loop, items) in (
+      variants or STRUCTURES).items():
+    trainer, init, state_shape = build(items is not False)
     if loops is None:
       loops = seed_layout.warmup_loops(batched)
     warmups = plan.chunk_warmups(trainer, loops)
@@ -96,7 +106,7 @@ def programs(experiment, config, num_seeds: int, variants=None):
                                      compiler_options=options or None)
     compile_s = time.perf_counter() - start
 
-    def run(compiled=compiled, warmups=warmups):
+    def run(compiled=compiled, warmups=warmups, init=init):
       state, rows = init(keys), []
       for c, warmup in enumerate(warmups):
         state, metrics = compiled[warmup](state, np.int32(c * plan.iterations_per_chunk))

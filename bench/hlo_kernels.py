@@ -94,6 +94,8 @@ flags.DEFINE_enum("target_loop", "auto", ["auto", "yes", "no"], "Whether learner
                   "the target in a loop that runs only when an update is due "
                   "(acme_jax_dqn.target_updates.target_update_in_loop; auto: as a run does, "
                   "agents.dqn.seed_layout.target_update_loop).")
+flags.DEFINE_bool("packed_items", True, "Whether the replay stores its items packed "
+                  "(acme_jax_dqn.replay.PackedItems), as a run does, or a leaf per field.")
 flags.DEFINE_string("out", None, "Markdown table to write ('' : none; default "
                     "bench/results/hlo_kernels.md on the CPU, else hlo_kernels_<target or "
                     "backend>.md, with _<n>_seeds before .md for --num_seeds=n above 1).")
@@ -142,7 +144,8 @@ def ours_hlo(place: Callable, platform: str, config: DQNConfig, experiment: Expe
   batched = seed_layout.runs_batched(num_seeds, experiment.prng_impl)
   with xla_setup.building_for(platform), xla_setup.prng_impl(experiment.prng_impl):
     builder = DQNBuilder(config)
-    trainer = builder.make_anakin(env, builder.make_networks(env.spec))
+    trainer = builder.make_anakin(env, builder.make_networks(env.spec),
+                                  packed_items=FLAGS.packed_items)
     keys = jax.random.split(jax.random.PRNGKey(0), num_seeds)
     state = place(jax.eval_shape(seed_layout.over_seeds(trainer.init, batched), keys))
     first = place(jax.ShapeDtypeStruct((), np.int32))
@@ -211,6 +214,7 @@ def main(argv):
   for structure in ("acting_apart", "packed_carry", "target_loop"):
     value = FLAGS[structure].value
     flagfiles += [f"--{structure}={value}"] if value != "auto" else []
+  flagfiles += [] if FLAGS.packed_items else ["--nopacked_items"]
   builds = {f"ours ({', '.join(flagfiles) or 'default flags'})":
             functools.partial(ours_hlo, place, platform, config, experiment)}
   if FLAGS.purejaxrl_dir:

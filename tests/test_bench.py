@@ -401,7 +401,7 @@ def test_the_warmup_loops_bench_finds_the_three_chunk_structures_train_the_same(
   assert re.fullmatch(r"[01] of 1, [01] of 1, [01] of 1", cells[9]), rows
 
 
-def _pair_bench_row(tmp_path, bench: str):
+def _pair_bench_row(tmp_path, bench: str, *args: str):
   """(the row of `bench` (a bench that compares two chunk structures) for two seeds on one CPU
   device, with its two programs' cells as (kernels, copies, MB); the table's text)."""
   out = tmp_path / f"{bench}.md"
@@ -409,7 +409,8 @@ def _pair_bench_row(tmp_path, bench: str):
       [sys.executable, "-m", f"bench.{bench}",
        "--flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg", "--seed_counts=2",
        "--total_steps=1200", "--min_replay_size=400", "--log_every=400", "--repeats=1",
-       f"--out={out}"], cwd=ROOT, check=True, capture_output=True, text=True, timeout=300)
+       f"--out={out}", *args], cwd=ROOT, check=True, capture_output=True, text=True,
+      timeout=300)
   text = out.read_text()
   rows = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines()
           if line.startswith("| 2 |")]
@@ -429,6 +430,15 @@ def test_the_packed_carry_bench_counts_fewer_copies_and_trains_the_same_paramete
   (plain, plain_copies, _), (packed, packed_copies, _) = row[1:3]
   assert min(packed, plain) > 0 and packed_copies < plain_copies, row
   assert row[-1] == "yes", row
+
+
+def test_packed_replay_items_run_fewer_kernels_and_train_the_same_parameters(tmp_path):
+  """Two seeds on one CPU device: with the replay's items stored packed the run's chunk programs
+  run fewer kernels per iteration than with a leaf per field, and train the same parameters."""
+  row, text = _pair_bench_row(tmp_path, "packed_carry", "--what=items")
+  (plain, _, _), (packed, _, _) = row[1:3]
+  assert 0 < packed < plain, row
+  assert row[-1] == "yes" and "replay's items stored packed" in text, row
 
 
 def test_the_target_update_bench_models_fewer_bytes_in_the_loop_and_trains_the_same(tmp_path):

@@ -33,6 +33,7 @@ from acme_jax_dqn import envs
 from acme_jax_dqn import loggers
 from acme_jax_dqn import networks as networks_lib
 from acme_jax_dqn import rate_limiting
+from acme_jax_dqn import replay as replay_lib
 from acme_jax_dqn import seeding
 from agents.dqn import checkpoints
 from agents.dqn import seed_layout
@@ -105,11 +106,8 @@ class AnakinPlan:
 
 def _check_resumable_plan(run_checkpoints, plan: AnakinPlan) -> Optional[int]:
   """The newest checkpoint's run and chunking must be this run's (one compiled chunk, same budget).
-
-  Returns how many devices the checkpoint's run split its seeds over (1
-  for checkpoints written before runs split them), or None when its
-  metadata cannot be read.
-  """
+  Returns how many devices its run split its seeds over (1 for checkpoints written before runs
+  split them), or None when its metadata cannot be read."""
   step = run_checkpoints.checkpointer.latest_step()
   if step is None:  # `checkpoints.check_start` refused the run already.
     return None
@@ -150,12 +148,9 @@ def _compile_queue(workers: Optional[int]) -> concurrent.futures.ThreadPoolExecu
 
 
 def indexed_evaluation(trainer: anakin_lib.Anakin):
-  """`evaluate(params, key, eval_index)`: evaluation i with i folded into the seed's key.
-
-  The fold is inside the program: folded on the host, fold_in compiled a
-  program of its own at the first evaluation (0.3 s after compile_s;
-  cartpole_anakin_purejaxrl.cfg trains for about 3.4 s).
-  """
+  """`evaluate(params, key, eval_index)`: evaluation i with i folded into the seed's key, inside
+  the program (folded on the host, fold_in compiled a program of its own at the first
+  evaluation: 0.3 s after compile_s; cartpole_anakin_purejaxrl.cfg trains for about 3.4 s)."""
   def evaluate(params, key, eval_index):
     return trainer.evaluate(params, jax.random.fold_in(key, eval_index))
 
@@ -314,7 +309,11 @@ class AnakinSource(Source):
     return self._chunks >= self._plan.num_chunks
 
   def restore(self, run_checkpoints):
-    arrays, meta, host = run_checkpoints.restore({"anakin": self._state})
+    target = checkpointing.abstract_tree({"anakin": self._state})
+    self._state = None  # The fresh state's memory goes before the restored one comes.
+    codec = replay_lib.item_codec(DQNBuilder(self._config).example_transition(self.spec))
+    arrays, meta, host = run_checkpoints.restore(  # Also checkpoints whose replay is unpacked.
+        target, replay_lib.unpacked_layout(target, codec))
     self._state = arrays["anakin"]
     self._chunks, self.learner_steps = host["chunks"], host["learner_steps"]
     self._last_row = dict(host["last_row"])

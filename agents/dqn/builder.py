@@ -88,10 +88,10 @@ class DQNBuilder:
     return learning.make_optimizer(learning_rate, c.max_grad_norm, c.adam_eps,
                                    c.gradient_accumulation_steps)
 
-  def make_replay(self) -> replay_lib.Replay:
-    c = self.config
+  def make_replay(self, packed_example: Optional[Transition] = None) -> replay_lib.Replay:
+    c = self.config  # With `packed_example`: items stored packed (`replay.PackedItems`).
     return replay_lib.make_replay(c.replay_capacity, c.batch_size, c.prioritized,
-                                  c.priority_exponent)
+                                  c.priority_exponent, packed_example)
 
   def make_sgd_step(self, networks: networks_lib.Networks,
                     optimizer: Optional[optax.GradientTransformation] = None):
@@ -109,8 +109,7 @@ class DQNBuilder:
                                  c.importance_sampling_exponent_end,
                                  c.importance_sampling_anneal_steps)
 
-  def make_learner_step(self, networks: networks_lib.Networks,
-                        replay: replay_lib.Replay,
+  def make_learner_step(self, networks: networks_lib.Networks, replay: replay_lib.Replay,
                         optimizer: Optional[optax.GradientTransformation] = None):
     """`(state, buffer) -> (state, buffer, metrics)`; PQN's buffer is a rollout [T, E]."""
     c = self.config
@@ -191,8 +190,9 @@ class DQNBuilder:
                                         c.epsilon_decay_steps / num_actors)
 
   def make_anakin(self, env: GymnaxEnv, networks: networks_lib.Networks,
-                  eval_episodes: int = 10) -> anakin.Anakin:
-    """The fully compiled trainer for a JAX environment, from the same pure parts."""
+                  eval_episodes: int = 10, packed_items: bool = True) -> anakin.Anakin:
+    """The compiled trainer for a JAX environment, from the same pure parts (replay items
+    stored packed, `replay.PackedItems`, unless `packed_items` is off: the same values)."""
     c = self.config
     optimizer = self.make_optimizer()
     if c.pqn:
@@ -202,13 +202,14 @@ class DQNBuilder:
           num_envs=c.num_envs, rollout_len=c.pqn_rollout_len, eval_episodes=eval_episodes,
           eval_epsilon=c.eval_epsilon, reward_clip=c.reward_clip,
           eval_policy=self.make_policy(networks, evaluation=True))
-    replay = self.make_replay()
+    example = self.example_transition(env.spec)
+    replay = self.make_replay(example if packed_items else None)
     env_steps, learner_calls = rate_limiting.iteration_shape(
         c.samples_per_learner_step, c.samples_per_insert, c.num_envs)
     return anakin.make_anakin(
         env, networks, optimizer, self.make_learner_step(networks, replay, optimizer),
         replay, self.make_policy(networks), self.make_epsilon_schedule(num_envs=c.num_envs),
-        self.example_transition(env.spec), num_envs=c.num_envs, n_step=c.n_step, discount=c.discount,
+        example, num_envs=c.num_envs, n_step=c.n_step, discount=c.discount,
         min_replay_size=c.min_replay_size, env_steps_per_iteration=env_steps,
         learner_calls_per_iteration=learner_calls, eval_episodes=eval_episodes,
         eval_epsilon=c.eval_epsilon, reward_clip=c.reward_clip,

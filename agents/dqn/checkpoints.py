@@ -285,8 +285,9 @@ class RunCheckpoints:
           f"`resume` from {self.checkpointer.path(step)}: {'; and '.join(reasons)}. Resume "
           "with the checkpoint's values, or start a new run in a new `logdir`.")
 
-  def restore(self, target) -> Tuple[Any, Dict[str, Any], Any]:
-    """Restores the newest readable checkpoint into `target`'s structure.
+  def restore(self, target, earlier=None) -> Tuple[Any, Dict[str, Any], Any]:
+    """Restores the newest readable checkpoint into `target`'s structure (or into the
+    `earlier` layout, as `checkpointing.Checkpointer.restore` takes it).
 
     Raises CheckpointError when there is none or its layout differs (the
     message names the leaf and the flags that differ); warns when other
@@ -300,7 +301,7 @@ class RunCheckpoints:
       return " Flags that differ from the checkpoint's run: " + "; ".join(differences) + "."
 
     arrays, meta, host, step = self.checkpointer.restore(
-        checkpointing.abstract_tree(target), explain=explain)
+        checkpointing.abstract_tree(target), explain=explain, earlier=earlier)
     self.check_same_run(meta, step)
     differences = self._flag_differences(meta)
     if differences:

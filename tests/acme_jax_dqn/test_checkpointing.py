@@ -167,6 +167,35 @@ def test_layout_mismatch_names_the_leaf_and_the_explanation(tmp_path):
   assert "--x=3" in message
 
 
+def test_a_checkpoint_with_replay_items_unpacked_restores_packed_and_names_other_changes(
+    tmp_path):
+  example = Transition(np.zeros(3, np.float32), np.int32(0), np.float32(0), np.float32(0),
+                       np.zeros(3, np.float32))
+  plain = replay_lib.make_replay(64, 8, prioritized=True)
+  packed = replay_lib.make_replay(64, 8, prioritized=True, packed_example=example)
+  rng = np.random.default_rng(0)
+  items = Transition(rng.standard_normal((5, 3)).astype(np.float32), np.arange(5, dtype=np.int32),
+                     rng.standard_normal(5).astype(np.float32), np.ones(5, np.float32),
+                     rng.standard_normal((5, 3)).astype(np.float32))
+  checkpointer = checkpointing.Checkpointer(str(tmp_path))
+  checkpointer.save(10, {"buffer": plain.add(plain.init(example), items), "w": jnp.arange(4.0)},
+                    {}, host=None)
+  codec = replay_lib.item_codec(example)
+
+  def restore(w):
+    target = checkpointing.abstract_tree({"buffer": packed.init(example), "w": w})
+    return checkpointer.restore(target, earlier=replay_lib.unpacked_layout(target, codec))
+
+  state, _, _, step = restore(jnp.zeros(4))
+  assert step == 10 and isinstance(state["buffer"].experience, replay_lib.PackedItems)
+  for stored, written in zip(packed.items(state["buffer"]), items):
+    np.testing.assert_array_equal(np.asarray(stored)[0, :5], written)
+  np.testing.assert_array_equal(state["w"], np.arange(4.0))
+  # In neither layout: the error names the leaf that differs, not the packing.
+  with pytest.raises(checkpointing.CheckpointError, match=r"leaf \['w'\] has shape \(4,\)"):
+    restore(jnp.zeros(5))
+
+
 def test_differing_fields_names_flags_with_both_values():
   out = checkpointing.differing_fields({"hidden_sizes": [64, 64], "lr": 1.0},
                                        {"hidden_sizes": (32,), "lr": 1.0})

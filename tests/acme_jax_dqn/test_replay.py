@@ -114,3 +114,60 @@ def test_kit_new_priorities_are_the_max_when_the_buffer_wraps():
   # Sampling probabilities are then uniform over the 8 held items.
   total = float(state.sum_tree_state.nodes[0])
   assert total == pytest.approx(24.0, rel=1e-6)
+
+
+def test_row_packer_keeps_every_bit_and_groups_leaves_by_word_width():
+  from acme_jax_dqn import trees  # pylint: disable=import-outside-toplevel
+  example = {"f": np.zeros((2, 3), np.float32), "i": np.int32(0), "u8": np.zeros(5, np.uint8),
+             "b": np.zeros(2, np.bool_), "h": np.zeros(1, np.float16)}
+  packer = trees.RowPacker(example)
+  rng = np.random.default_rng(0)
+  floats = rng.standard_normal((4, 7, 2, 3)).astype(np.float32)
+  floats[0, 0, 0, :] = [np.nan, -0.0, np.inf]
+  floats.view(np.uint32)[1, 0, 0, 0] = 0x7FC00123  # A NaN with a payload.
+  tree = {"f": floats, "i": rng.integers(-2**31, 2**31 - 1, (4, 7), dtype=np.int32),
+          "u8": rng.integers(0, 256, (4, 7, 5), dtype=np.uint8),
+          "b": rng.random((4, 7, 2)) > 0.5, "h": rng.standard_normal((4, 7, 1)).astype(np.float16)}
+  packed = jax.jit(packer.pack)(tree)
+  # Widest words first: 6 + 1 uint32 words, 1 uint16, 5 + 2 bytes.
+  assert [(p.shape, p.dtype) for p in packed] == [((4, 7, 7), np.uint32), ((4, 7, 1), np.uint16),
+                                                  ((4, 7, 7), np.uint8)]
+  back = jax.jit(packer.unpack)(packed)
+  for name, leaf in tree.items():
+    assert back[name].dtype == leaf.dtype and back[name].shape == leaf.shape, name
+    np.testing.assert_array_equal(np.asarray(back[name]).view(np.uint8), leaf.view(np.uint8))
+  with pytest.raises(TypeError, match=r"float32\[4, 7, 2, 2\].*float32\[2, 3\]"):
+    packer.pack({**tree, "f": floats[..., :2]})
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_a_packed_replay_stores_fewer_arrays_and_draws_what_an_unpacked_one_draws(prioritized):
+  obs = np.zeros((2, 2), np.uint8)
+  example = Transition(obs, np.int32(0), np.float32(0), np.float32(0), obs)
+  plain = replay_lib.make_replay(8, 8, prioritized)
+  packed = replay_lib.make_replay(8, 8, prioritized, packed_example=example)
+  rng = np.random.default_rng(1)
+  items = Transition(rng.integers(0, 256, (5, 2, 2), dtype=np.uint8),
+                     rng.integers(0, 4, 5, dtype=np.int32),
+                     rng.standard_normal(5).astype(np.float32), rng.random(5).astype(np.float32),
+                     rng.integers(0, 256, (5, 2, 2), dtype=np.uint8))
+  states = {}
+  for name, replay in (("plain", plain), ("packed", packed)):
+    state = jax.jit(replay.add)(replay.init(example), items)
+    if prioritized:
+      state = replay.set_priorities(state, jnp.arange(5), jnp.array([1.0, 3.0, 0.5, 2.0, 1.0]))
+    states[name] = state
+  # Packed: the observations, the uint32 words of action, reward and discount, the bytes of
+  # the next observation; unpacked, a leaf per field.
+  stored = states["packed"].experience
+  assert isinstance(stored, replay_lib.PackedItems)
+  assert [w.shape[-1] for w in stored.words] == [3, 4]
+  assert len(jax.tree.leaves(stored)) == 3 < len(jax.tree.leaves(states["plain"].experience))
+  for key in jax.random.split(jax.random.PRNGKey(2), 3):
+    a, b = (jax.jit(r.sample)(states[n], key, 0.5) for n, r in (("plain", plain),
+                                                               ("packed", packed)))
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+      assert x.dtype == y.dtype
+      np.testing.assert_array_equal(x, y)
+  for x, y in zip(packed.items(states["packed"]), items):
+    np.testing.assert_array_equal(np.asarray(x)[0, :5], y)

@@ -19,6 +19,7 @@ import pytest
 from acme_jax_dqn import anakin
 from acme_jax_dqn import checkpointing
 from acme_jax_dqn import envs
+from acme_jax_dqn import replay as replay_lib
 from acme_jax_dqn import specs
 from acme_jax_dqn import xla_setup
 from acme_jax_dqn.adders import NStepTransitionAdder
@@ -127,7 +128,10 @@ def test_anakin_learn_step_equals_the_local_learner_step(overrides):
   replay_buffer = builder.make_replay_buffer(env.spec)
   learner = builder.make_learner(networks, replay_buffer, jax.random.PRNGKey(1))
   learner.restore(state.learner)
-  replay_buffer.state = jax.tree.map(jnp.copy, state.buffer)
+  # The local replay stores a leaf per field; anakin's stores its items packed.
+  items = replay_lib.item_codec(builder.example_transition(env.spec)).decode(
+      state.buffer.experience)
+  replay_buffer.state = jax.tree.map(jnp.copy, state.buffer.replace(experience=items))
   learner.step()
 
   new_state, metrics = jax.jit(trainer.learn)(state)
@@ -682,7 +686,9 @@ def test_anakin_clips_each_reward_before_the_n_step_sum_and_logs_unclipped_retur
   state = jax.jit(trainer.init)(jax.random.PRNGKey(0))
   state, metrics = jax.jit(trainer.train_chunk, static_argnums=2)(state, 0, 200)
   size = int(_stored_count(state.buffer))
-  rewards = np.asarray(state.buffer.experience.reward)[0, :size]
+  stored = replay_lib.item_codec(builder.example_transition(env.spec)).decode(
+      state.buffer.experience)
+  rewards = np.asarray(stored.reward)[0, :size]
   allowed = [0.25, 0.25 * 1.9, 0.25 * (1 + 0.9 + 0.81)]  # Windows of 1, 2 and 3 steps.
   assert size == 800 and np.all(np.min(np.abs(rewards[:, None] - allowed), axis=1) < 1e-6)
   assert np.any(np.abs(rewards - allowed[2]) < 1e-6)
@@ -690,8 +696,36 @@ def test_anakin_clips_each_reward_before_the_n_step_sum_and_logs_unclipped_retur
   assert episodes > 0 and float(metrics["episode_return_sum"]) / episodes > 5  # Unclipped.
 
 
+def test_packed_replay_items_train_the_same_run_and_a_resume_reads_unpacked_checkpoints(
+    tmp_path, monkeypatch):
+  """The run's replay stores items packed (acme_jax_dqn.replay.PackedItems); with them stored
+  a leaf per field it trains the same parameters, and a checkpoint in that layout resumes
+  into packed storage and finishes the same run."""
+  import shutil  # pylint: disable=import-outside-toplevel
+  make_anakin = DQNBuilder.make_anakin
+
+  def run(name, packed, resume=False):
+    monkeypatch.setattr(DQNBuilder, "make_anakin",
+                        functools.partialmethod(make_anakin, packed_items=packed))
+    experiment = ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin", num_seeds=2,
+                                  total_steps=1200, log_every=400, checkpoint_every=400,
+                                  eval_episodes=2, quiet=True, logdir=str(tmp_path / name),
+                                  resume=resume)
+    return run_experiment(experiment, _tiny_config(num_envs=2, min_replay_size=200, n_step=2,
+                                                   prioritized=True))
+
+  packed, unpacked = run("packed", True), run("unpacked", False)
+  assert packed["params_checksum"] == unpacked["params_checksum"]
+  saved = sorted(int(d) for d in os.listdir(tmp_path / "unpacked" / "checkpoints"))
+  shutil.rmtree(tmp_path / "unpacked" / "checkpoints" / str(saved[-1]))
+  resumed = run("unpacked", True, resume=True)
+  assert resumed["resumed_from_step"] == saved[-2]
+  assert resumed["params_checksum"] == packed["params_checksum"]
+  assert resumed["eval_return_per_seed"] == packed["eval_return_per_seed"]
+
+
 def _stored_count(buffer_state):
-  return jnp.where(buffer_state.is_full, buffer_state.experience.reward.shape[1],
+  return jnp.where(buffer_state.is_full, buffer_state.experience.observation.shape[1],
                    buffer_state.current_index)
 
 
