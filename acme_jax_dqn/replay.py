@@ -83,8 +83,8 @@ def unpacked_layout(tree, codec: ItemCodec) -> Tuple[Any, Callable[[Any], Any]]:
     def packed(node, old):
       if not is_items(node):
         return old
-      return jax.tree.map(lambda x, like: jax.device_put(x, sharding(like)),
-                          jax.jit(codec.encode, donate_argnums=0)(old), node)
+      place = lambda x, like: x if sharding(like) is None else jax.device_put(x, sharding(like))
+      return jax.tree.map(place, jax.jit(codec.encode, donate_argnums=0)(old), node)
     return jax.tree.map(packed, tree, restored, is_leaf=is_items)
 
   return jax.tree.map(abstract, tree, is_leaf=is_items), pack

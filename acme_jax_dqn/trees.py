@@ -118,12 +118,14 @@ class RowPacker:
     self._words: List[np.dtype] = []
     self._slots: List[Tuple[int, int, int, Tuple[int, ...], np.dtype]] = []
     offsets: Dict[np.dtype, int] = {}
-    for x in leaves:
-      x = jnp.asarray(x)  # Python numbers; 64-bit types as JAX holds them.
-      word = _word_dtype(x.dtype)
+    for x in leaves:  # Read on the host: building a packer runs nothing on a device.
+      dtype = getattr(x, "dtype", None) or np.result_type(x)  # And of Python numbers.
+      if not jnp.issubdtype(dtype, jax.dtypes.extended):
+        dtype = np.dtype(jax.dtypes.canonicalize_dtype(dtype))  # As JAX holds 64-bit types.
+      word = _word_dtype(dtype)
       if word is None:
-        raise TypeError(f"RowPacker: a leaf of dtype {x.dtype} has no plain bits to pack")
-      dtype, shape = np.dtype(x.dtype), tuple(x.shape)
+        raise TypeError(f"RowPacker: a leaf of dtype {dtype} has no plain bits to pack")
+      shape = tuple(np.shape(x))
       if word not in offsets:
         self._words.append(word)
         offsets[word] = 0
