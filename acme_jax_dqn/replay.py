@@ -66,11 +66,13 @@ def unpacked_layout(tree, codec: ItemCodec) -> Tuple[Any, Callable[[Any], Any]]:
 
   Returns (`tree` as abstract arrays in that earlier layout, each `PackedItems`
   in it a `Transition`; the function that packs a tree restored in that
-  layout into `tree`'s, each array placed as `tree`'s: the restored fields
-  are donated to the packing, so a replay is held about once more, not twice).
+  layout into `tree`'s, each array placed as `tree`'s: the restored observations
+  are donated to the packing, which keeps them as they are).
   """
   is_items = lambda node: isinstance(node, PackedItems)
   sharding = lambda x: getattr(x, "sharding", None)
+  encode = jax.jit(lambda observation, rest: codec.encode(rest._replace(observation=observation)),
+                   donate_argnums=0)
 
   def abstract(node):
     if not is_items(node):
@@ -84,7 +86,7 @@ def unpacked_layout(tree, codec: ItemCodec) -> Tuple[Any, Callable[[Any], Any]]:
       if not is_items(node):
         return old
       place = lambda x, like: x if sharding(like) is None else jax.device_put(x, sharding(like))
-      return jax.tree.map(place, jax.jit(codec.encode, donate_argnums=0)(old), node)
+      return jax.tree.map(place, encode(old.observation, old._replace(observation=None)), node)
     return jax.tree.map(packed, tree, restored, is_leaf=is_items)
 
   return jax.tree.map(abstract, tree, is_leaf=is_items), pack
