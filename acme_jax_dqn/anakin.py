@@ -299,7 +299,6 @@ def step_copies(env: GymnaxEnv, policy: PolicyFn, epsilon_fn, state, reward_clip
   `StepStats`. `acting_apart`: act on the online parameters through an
   optimization barrier (see `Anakin.train_chunk`).
   """
-  genv, params = env.env, env.params
   obs_dtype = env.spec.observations.dtype
   num_envs = state.observation.shape[0]
   key, act_key, step_key = jax.random.split(state.key, 3)
@@ -308,9 +307,8 @@ def step_copies(env: GymnaxEnv, policy: PolicyFn, epsilon_fn, state, reward_clip
     online_params = jax.lax.optimization_barrier(online_params)
   action = policy(online_params, act_key, state.observation,
                   epsilon_fn(state.env_steps))
-  next_obs, env_state, reward, terminated, truncated, info = jax.vmap(
-      genv.step, in_axes=(0, 0, 0, None))(jax.random.split(step_key, num_envs),
-                                          state.env_state, action, params)
+  next_obs, env_state, reward, terminated, truncated, info = jax.vmap(env.step)(
+      jax.random.split(step_key, num_envs), state.env_state, action)
   reward = reward.astype(jnp.float32)
   stored_reward = jnp.clip(reward, -reward_clip, reward_clip) if reward_clip > 0 else reward
   end = jnp.logical_or(terminated, truncated)
@@ -328,8 +326,7 @@ def step_copies(env: GymnaxEnv, policy: PolicyFn, epsilon_fn, state, reward_clip
 
 def reset_copies(env: GymnaxEnv, key: chex.PRNGKey, num_envs: int):
   """(observations [E, ...] in the spec's dtype, env states) of `num_envs` fresh episodes."""
-  observation, env_state = jax.vmap(env.env.reset, in_axes=(0, None))(
-      jax.random.split(key, num_envs), env.params)
+  observation, env_state = jax.vmap(env.reset)(jax.random.split(key, num_envs))
   return observation.astype(env.spec.observations.dtype), env_state
 
 
@@ -353,7 +350,6 @@ def make_evaluate(env: GymnaxEnv, eval_policy: PolicyFn, eval_episodes: int,
                   eval_epsilon: float = 0.0):
   """`evaluate(params, key)`: `eval_episodes` episodes in parallel until each has ended once
   (or the time limit); returns their returns."""
-  genv, params = env.env, env.params
   greedy_epsilon = np.float32(eval_epsilon)  # A constant of the trace: nothing runs here.
 
   def evaluate(online_params, key):
@@ -370,9 +366,8 @@ def make_evaluate(env: GymnaxEnv, eval_policy: PolicyFn, eval_episodes: int,
       observation, env_state, returns, done, t, key = carry
       key, act_key, step_key = jax.random.split(key, 3)
       action = eval_policy(online_params, act_key, observation, greedy_epsilon)
-      observation, env_state, reward, terminated, truncated, _ = jax.vmap(
-          genv.step, in_axes=(0, 0, 0, None))(
-              jax.random.split(step_key, eval_episodes), env_state, action, params)
+      observation, env_state, reward, terminated, truncated, _ = jax.vmap(env.step)(
+          jax.random.split(step_key, eval_episodes), env_state, action)
       returns = returns + jnp.where(done, 0.0, reward.astype(jnp.float32))
       done = done | terminated | truncated
       return observation, env_state, returns, done, t + 1, key

@@ -38,13 +38,16 @@ class Variant(NamedTuple):
   carry packed (`acme_jax_dqn.anakin_loops.carry_scan`), the target update in a loop
   (`agents.dqn.seed_layout.target_update_loop`; these four None: the run's default for the
   layout), XLA compiler options of its compile (None: XLA's defaults), replay items stored
-  packed (`acme_jax_dqn.replay.PackedItems`; None: the run's default, packed)."""
+  packed (`acme_jax_dqn.replay.PackedItems`; None: the run's default, packed), the
+  environment's single-index scatters as selects (`acme_jax_dqn.envs.scatter_selects`;
+  None: the run's default, selects)."""
   loops: Optional[bool] = None
   apart: Optional[bool] = None
   options: Optional[Dict[str, Any]] = None
   packed: Optional[bool] = None
   target_loop: Optional[bool] = None
   items: Optional[bool] = None
+  selects: Optional[bool] = None
 
 
 STRUCTURES = {"conditional": Variant(False, False), "loops": Variant(True, False),
@@ -81,19 +84,21 @@ def programs(experiment, config, num_seeds: int, variants=None):
   keys = seeding.keys_of([experiment.seed + i for i in range(num_seeds)])  # As run_dqn's.
   built = {}
 
-  def build(items: bool):
-    """(trainer, compiled init, state shape), once per replay item layout."""
-    if items not in built:
-      trainer = builder.make_anakin(env, networks, experiment.eval_episodes, packed_items=items)
+  def build(items: bool, selects: bool):
+    """(trainer, compiled init, state shape), once per replay item layout and scatter form."""
+    if (items, selects) not in built:
+      trainer = builder.make_anakin(env._replace(scatters_as_selects=selects), networks,
+                                    experiment.eval_episodes, packed_items=items)
       init_fn = jax.jit(named(seed_layout.over_seeds(trainer.init, batched), "init"))
-      built[items] = trainer, init_fn.lower(keys).compile(), jax.eval_shape(init_fn, keys)
-    return built[items]
+      built[items, selects] = (trainer, init_fn.lower(keys).compile(),
+                               jax.eval_shape(init_fn, keys))
+    return built[items, selects]
 
-  plan = AnakinPlan(build(True)[0], config, experiment)
+  plan = AnakinPlan(build(True, True)[0], config, experiment)
   out = {}
-  for name, (loops, apart, options, packed, target_loop, items) in (
+  for name, (loops, apart, options, packed, target_loop, items, selects) in (
       variants or STRUCTURES).items():
-    trainer, init, state_shape = build(items is not False)
+    trainer, init, state_shape = build(items is not False, selects is not False)
     if loops is None:
       loops = seed_layout.warmup_loops(batched)
     warmups = plan.chunk_warmups(trainer, loops)

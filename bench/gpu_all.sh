@@ -10,8 +10,8 @@
 #                under 30 s left is skipped, and each step's cap is cut to what is left (less
 #                10 s in which a step that was told to stop finishes its checkpoint)
 # TINY=1         small sizes (8 seeds for 2,048, 2 Breakout-MinAtar seeds for 64; 20,000 env
-#                steps, 5,000 for the fused-loss, target-update, packed-carry and
-#                packed-items benches, 4,000 traced), to check the script
+#                steps, 5,000 for the fused-loss, target-update, packed-carry,
+#                packed-items and env-selects benches, 4,000 traced), to check the script
 # PYTHON         the interpreter (default: python3)
 # .whl/          wheels installed first, where present (bench/gpu_wheels.sh fetches them), for a
 #                GPU host that cannot reach a package index; WHEELS=0 leaves them (they are for
@@ -23,10 +23,11 @@
 # (bench/kernel_times.py) on CartPole at 2,048 seeds beside PureJaxRL's kernels (each op with
 # its modelled bytes), then on Breakout at one seed; the fused loss against XLA's (one batch,
 # then the run's programs); ours beside PureJaxRL with the fused loss; the loops' carry packed
-# and plain; the replay's items packed and a leaf per field, at one seed; Breakout-MinAtar
-# with cuDNN's convolutions and with patch products, twice,
-# alternating; the device's time at 2,048 seeds with the fused loss; the build's compile
-# schedules; ours at 2,048 seeds beside PureJaxRL as it is and with its seeds independent.
+# and plain; the replay's items packed and a leaf per field, at one seed; Breakout-MinAtar's
+# scatters as selects and as scatters, at one seed; Breakout-MinAtar with cuDNN's
+# convolutions and with patch products, twice, alternating; the device's time at 2,048 seeds
+# with the fused loss; the build's compile schedules; ours at 2,048 seeds beside PureJaxRL as
+# it is and with its seeds independent.
 # STEPS          step names to run, separated by spaces or commas (default: all), e.g.
 #                STEPS=packed_carry,compile_time for a second call that finishes what the
 #                first one's deadline cut
@@ -108,6 +109,8 @@ step packed_carry 90 $PY -m bench.packed_carry --flagfile=$CFG --seed_counts=1,$
   --total_steps=$PACKED_STEPS --repeats=2 --out="$OUT/packed_carry.md"
 step packed_items 60 $PY -m bench.packed_carry --what=items --flagfile=$CFG --seed_counts=1 \
   --total_steps=$PACKED_STEPS --repeats=2 --out="$OUT/packed_items.md"
+step env_selects 75 $PY -m bench.env_selects --flagfile=$CFG --env=gymnax:Breakout-MinAtar \
+  --seed_counts=1 --total_steps=$PACKED_STEPS --repeats=2 --out="$OUT/env_selects.md"
 breakout lax_conv ""
 breakout patches ""
 breakout lax_conv _2

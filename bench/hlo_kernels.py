@@ -96,6 +96,9 @@ flags.DEFINE_enum("target_loop", "auto", ["auto", "yes", "no"], "Whether learner
                   "agents.dqn.seed_layout.target_update_loop).")
 flags.DEFINE_bool("packed_items", True, "Whether the replay stores its items packed "
                   "(acme_jax_dqn.replay.PackedItems), as a run does, or a leaf per field.")
+flags.DEFINE_bool("scatters_as_selects", True, "Whether a gymnax environment's single-index "
+                  "scatters run as selects (acme_jax_dqn/envs/scatter_selects.py; the kit's "
+                  "default), or as scatters (--noscatters_as_selects).")
 flags.DEFINE_string("out", None, "Markdown table to write ('' : none; default "
                     "bench/results/hlo_kernels.md on the CPU, else hlo_kernels_<target or "
                     "backend>.md, with _<n>_seeds before .md for --num_seeds=n above 1).")
@@ -136,7 +139,8 @@ def ours_hlo(place: Callable, platform: str, config: DQNConfig, experiment: Expe
   """(optimized HLO of a chunk that learns, of one in its warm-up (None: one program with a
   conditional holds both), env steps per iteration, share of iterations that learn,
   iterations per loop step)."""
-  env = envs.make_jax_environment(experiment.env)
+  env = envs.make_jax_environment(experiment.env)._replace(
+      scatters_as_selects=FLAGS.scatters_as_selects)
   num_seeds = experiment.num_seeds
   # The program a run with every seed on one device compiles: unbatched for one seed (vmapped
   # under an RngBitGenerator PRNG), with the learning warm-up as a conditional or a loop of
@@ -215,6 +219,7 @@ def main(argv):
     value = FLAGS[structure].value
     flagfiles += [f"--{structure}={value}"] if value != "auto" else []
   flagfiles += [] if FLAGS.packed_items else ["--nopacked_items"]
+  flagfiles += [] if FLAGS.scatters_as_selects else ["--noscatters_as_selects"]
   builds = {f"ours ({', '.join(flagfiles) or 'default flags'})":
             functools.partial(ours_hlo, place, platform, config, experiment)}
   if FLAGS.purejaxrl_dir:

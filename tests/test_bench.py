@@ -441,6 +441,16 @@ def test_packed_replay_items_run_fewer_kernels_and_train_the_same_parameters(tmp
   assert row[-1] == "yes" and "replay's items stored packed" in text, row
 
 
+def test_environment_scatters_as_selects_run_fewer_kernels_and_train_the_same(tmp_path):
+  """Two Breakout-MinAtar seeds on one CPU device: with the environment's single-index scatters
+  as selects the run's chunk programs run fewer kernels per iteration than with gymnax's
+  scatters, and train the same parameters."""
+  row, text = _pair_bench_row(tmp_path, "env_selects", "--env=gymnax:Breakout-MinAtar")
+  (scatters, _, _), (selects, _, _) = row[1:3]
+  assert 0 < selects < scatters, row
+  assert row[-1] == "yes" and "Breakout-MinAtar's single-index scatters" in text, row
+
+
 def test_the_target_update_bench_models_fewer_bytes_in_the_loop_and_trains_the_same(tmp_path):
   """Two seeds on one CPU device: the run's chunk programs with the target update in a loop
   model fewer bytes for a learning iteration with no update due than with the select in every

@@ -18,15 +18,36 @@ import numpy as np
 
 from acme_jax_dqn import specs as specs_lib
 from acme_jax_dqn import xla_setup
+from acme_jax_dqn.envs.scatter_selects import scatters_as_selects
 
 
 class GymnaxEnv(NamedTuple):
-  """A gymnax environment and its parameters, with its dm_env spec."""
+  """A gymnax environment and its parameters, with its dm_env spec.
+
+  `step` and `reset` are gymnax's, on these parameters; with
+  `scatters_as_selects` (the default) they compute the same values with
+  their single-index scatters as selects, which XLA fuses
+  (acme_jax_dqn/envs/scatter_selects.py).
+  """
   name: str
   env: Any  # gymnax.environments.environment.Environment
   params: Any  # Its EnvParams.
   spec: specs_lib.EnvironmentSpec
   max_episode_steps: int
+  scatters_as_selects: bool = True
+
+  def _compiled_form(self, fn):
+    return scatters_as_selects(fn) if self.scatters_as_selects else fn
+
+  def step(self, key, state, action):
+    """(observation, state, reward, terminated, truncated, info): gymnax's `step`, which
+    resets a finished episode (its last observation in `info["final_observation"]`)."""
+    return self._compiled_form(
+        lambda k, s, a: self.env.step(k, s, a, self.params))(key, state, action)
+
+  def reset(self, key):
+    """(observation, state) of a new episode."""
+    return self._compiled_form(lambda k: self.env.reset(k, self.params))(key)
 
 
 # Imported by gymnax's modules for rendering only (its Pong imports both):
@@ -110,9 +131,8 @@ class GymnaxEnvironment(dm_env.Environment):
   def __init__(self, gymnax_env: GymnaxEnv, seed: Optional[int] = None):
     self._g = gymnax_env
     self._key = jax.random.PRNGKey(0 if seed is None else seed)
-    env, params = gymnax_env.env, gymnax_env.params
-    self._reset = jax.jit(lambda key: env.reset(key, params))
-    self._step = jax.jit(lambda key, state, action: env.step(key, state, action, params))
+    self._reset = jax.jit(gymnax_env.reset)
+    self._step = jax.jit(gymnax_env.step)
     self._state = None
     self._dtype = gymnax_env.spec.observations.dtype
 

@@ -1,0 +1,134 @@
+"""Single-index scatters as selects (acme_jax_dqn/envs/scatter_selects.py), against JAX's scatter itself and gymnax's steps."""
+
+import jax
+from jax.extend import core as jex_core
+from jax.extend.core import primitives
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from acme_jax_dqn import envs
+from acme_jax_dqn.envs.scatter_selects import scatters_as_selects
+
+SCATTERS = {primitives.scatter_p, primitives.scatter_add_p, primitives.scatter_mul_p,
+            primitives.scatter_min_p, primitives.scatter_max_p}
+
+
+def _scatters(fn, *args) -> int:
+  """How many scatters `fn`'s jaxpr holds, its jitted calls' included."""
+  def count(jaxpr):
+    return sum((eqn.primitive in SCATTERS) + sum(count(sub) for sub in
+                                                 jex_core.jaxprs_in_params(eqn.params))
+               for eqn in jaxpr.eqns)
+  return count(jax.make_jaxpr(fn)(*args).jaxpr)
+
+
+def _same(got, want):
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    assert jax.typeof(g) == jax.typeof(w)
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def _whole_column_at(mode):
+  """A column written whole, its start along the rows an index too (in bounds only at 0)."""
+  numbers = jax.lax.ScatterDimensionNumbers(
+      update_window_dims=(0,), inserted_window_dims=(1,), scatter_dims_to_operand_dims=(0, 1))
+  return lambda x, i, j: jax.lax.scatter(x, jnp.stack([i, j]), jnp.arange(5.0), numbers,
+                                         mode=mode)
+
+
+def _first_row(x, i, j):
+  """A row inserted along a dimension no index names: at row 0."""
+  numbers = jax.lax.ScatterDimensionNumbers(
+      update_window_dims=(0,), inserted_window_dims=(0,), scatter_dims_to_operand_dims=())
+  return jax.lax.scatter(x, jnp.zeros((0,), jnp.int32), jnp.arange(6.0) * i + j, numbers)
+
+
+# (function of (operand, i, j), operand): single-index scatters of each kind and window.
+CASES = {
+    "set one element": (lambda x, i, j: x.at[i, j, 1].set(True), np.zeros((5, 6, 3), bool)),
+    "set a whole plane": (lambda x, i, j: x.at[:, :, i].set(x[:, :, 0] | (j > 2)),
+                          np.eye(5, 6, dtype=bool)[..., None].repeat(3, -1)),
+    "set a row": (lambda x, i, j: x.at[i].set(jnp.arange(6.0) * j), np.ones((5, 6), np.float32)),
+    "add": (lambda x, i, j: x.at[i, j].add(0.1), np.linspace(0, 1, 30, dtype=np.float32).reshape(5, 6)),
+    "multiply": (lambda x, i, j: x.at[j, i].multiply(-3), np.arange(36, dtype=np.int32).reshape(6, 6)),
+    "min": (lambda x, i, j: x.at[i, j].min(jnp.float32(0.5)), np.full((5, 6), 0.7, np.float32)),
+    "max": (lambda x, i, j: x.at[i].max(jnp.full((6,), 2, jnp.int32)), np.arange(30, dtype=np.int32).reshape(5, 6)),
+    "clipped start": (lambda x, i, j: x.at[i, j].set(7.0, mode="clip"), np.zeros((5, 6), np.float32)),
+    "dropped when out of bounds": (lambda x, i, j: x.at[i, j].set(7.0, mode="drop"),
+                                   np.zeros((5, 6), np.float32)),
+    "an indexed whole dimension": (_whole_column_at(jax.lax.GatherScatterMode.FILL_OR_DROP),
+                                   np.ones((5, 6), np.float32)),
+    "a row where no index says": (_first_row, np.ones((5, 6), np.float32)),
+    "an indexed whole dimension, clipped": (_whole_column_at(jax.lax.GatherScatterMode.CLIP),
+                                            np.ones((5, 6), np.float32)),
+}
+# Indices in bounds, at the edges, negative (numpy's from the end) and out of bounds.
+INDICES = [(0, 0), (4, 5), (2, 3), (-1, -2), (5, 0), (0, 6), (-7, 1), (9, 9), (-100, 3)]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_single_index_scatters_become_selects_with_the_scatters_values(case):
+  fn, operand = CASES[case]
+  assert _scatters(fn, operand, 0, 0) == 1
+  assert _scatters(scatters_as_selects(fn), operand, 0, 0) == 0
+  want = jax.jit(jax.vmap(fn, in_axes=(None, 0, 0)))
+  got = jax.jit(jax.vmap(scatters_as_selects(fn), in_axes=(None, 0, 0)))
+  i, j = (np.array(x, np.int32) for x in zip(*INDICES))
+  _same(got(operand, i, j), want(operand, i, j))
+  for index in INDICES[:4]:  # Unbatched too, where the index may be a constant of the trace.
+    at_index = lambda x, index=index: fn(x, *index)
+    _same(jax.jit(scatters_as_selects(at_index))(operand), jax.jit(at_index)(operand))
+
+
+def test_other_scatters_stay_scatters_and_compute_the_same():
+  """Several indices at once, a window narrower than its dimension, and one inside a loop."""
+  def fn(x, i):
+    x = x.at[jnp.array([i, i + 1]), 2].set(1.0)  # Two indices.
+    x = x.at[1:3, i].set(jnp.array([4.0, 5.0]))  # A window of 2 of the 5 rows.
+    return jax.lax.fori_loop(0, 2, lambda k, y: y.at[k, i].add(1.0), x)
+  operand = np.zeros((5, 6), np.float32)
+  assert _scatters(scatters_as_selects(fn), operand, 1) == _scatters(fn, operand, 1) == 3
+  for i in range(-1, 7):
+    _same(jax.jit(scatters_as_selects(fn))(operand, i), jax.jit(fn)(operand, i))
+
+
+def test_a_function_without_scatters_to_rewrite_is_traced_as_it_is():
+  """Its jitted calls stay calls (not inlined): the same program as the function's."""
+  fn = lambda x: jax.jit(jnp.sin)(x).at[jnp.array([0, 1])].set(2.0)  # Two indices: kept.
+  x = jnp.ones(3)
+  assert str(jax.make_jaxpr(scatters_as_selects(fn))(x)) == str(jax.make_jaxpr(fn)(x))
+
+
+@pytest.mark.parametrize("name", ["gymnax:Breakout-MinAtar", "gymnax:Catch-bsuite",
+                                  "gymnax:Pong-misc"])
+def test_gymnax_steps_and_resets_are_those_of_gymnax(name):
+  """300 steps of 4 copies on random actions (through resets): every observation, state,
+  reward, flag and info the same, bit for bit, with fewer scatters in the program."""
+  env = envs.make_jax_environment(name)
+  plain = env._replace(scatters_as_selects=False)
+  num_actions = env.spec.actions.num_values
+  key = jax.random.PRNGKey(3)
+  assert env.scatters_as_selects
+  state = jax.vmap(plain.reset)(jax.random.split(key, 4))[1]
+  actions = jnp.zeros((4,), jnp.int32)
+  keys = jax.random.split(key, 4)
+  assert (_scatters(jax.vmap(env.step), keys, state, actions)
+          < _scatters(jax.vmap(plain.step), keys, state, actions))
+
+  def run(key):
+    def both(carry, key):
+      action_key, step_key = jax.random.split(key)
+      actions = jax.random.randint(action_key, (4,), 0, num_actions)
+      step_keys = jax.random.split(step_key, 4)
+      ours = jax.vmap(env.step)(step_keys, carry[0], actions)
+      theirs = jax.vmap(plain.step)(step_keys, carry[1], actions)
+      return (ours[1], theirs[1]), (ours, theirs)
+    starts = jax.random.split(key, 4)
+    first = (jax.vmap(env.reset)(starts), jax.vmap(plain.reset)(starts))
+    _, steps = jax.lax.scan(both, (first[0][1], first[1][1]), jax.random.split(key, 300))
+    return first, steps
+  (ours_reset, their_reset), (ours, theirs) = jax.jit(run)(key)
+  _same(ours_reset, their_reset)
+  _same(ours, theirs)
+  assert bool(jnp.any(theirs[3] | theirs[4]))  # Episodes ended, so resets were compared too.
