@@ -11,15 +11,19 @@ window spans each of its other dimensions whole writes what a select over
 an iota mask writes, and XLA fuses a select with the ops around it.
 
 `scatters_as_selects(fn)` traces `fn` to a jaxpr and evaluates it with each
-such scatter (set, add, multiply, min, max) as that select. Every other
-equation binds as traced: jitted calls are inlined, control flow and
-custom-derivative calls bind as they are (a scatter inside them stays a
-scatter). The values are the same, bit for bit: where the scatter writes,
-the select takes the same combination of the operand's and the update's
-elements, and elsewhere the operand's. A window out of bounds is dropped
-(the scatter's `FILL_OR_DROP` and `PROMISE_IN_BOUNDS` modes) or its start
-clamped (`CLIP`), as XLA's scatter does. tests/acme_jax_dqn/test_scatter_selects.py checks
-both against `jnp.ndarray.at` and gymnax's own steps.
+such scatter (set, add, multiply, min, max, with int32 indices as
+`jnp.ndarray.at` makes them) as that select. Every other equation binds as
+traced: jitted calls are inlined, control flow and custom-derivative calls
+bind as they are (a scatter inside them stays a scatter), and so do
+scatters of several indices, of narrower windows, of other index types and
+`.at[...].apply`'s. Where the scatter writes, the select takes the same
+combination of the operand's and the update's elements, and elsewhere the
+operand's: a set moves values without arithmetic, so its result is the
+same bit for bit on any backend (an add or multiply may fuse differently
+on a GPU). A window out of bounds is dropped (the `FILL_OR_DROP` and
+`PROMISE_IN_BOUNDS` modes) or its start clamped into bounds (`CLIP`, as
+JAX lowers it). tests/acme_jax_dqn/test_scatter_selects.py checks both
+against JAX's own scatters and gymnax's steps.
 """
 
 import functools
@@ -44,14 +48,16 @@ _COMBINE = {
 def _window_dims(eqn: jex_core.JaxprEqn) -> Optional[List[int]]:
   """The operand dimensions a rewritable scatter's update spans (None: not rewritable).
 
-  Rewritable: one index vector, no batching dimensions, and an update that
-  is one window spanning each operand dimension it does not insert whole.
+  Rewritable: one int32 index vector, no batching dimensions, and an update
+  that is one window spanning each operand dimension it does not insert
+  whole.
   """
-  if eqn.primitive not in _COMBINE:
-    return None
+  if eqn.primitive not in _COMBINE or (eqn.primitive is primitives.scatter_p
+                                       and eqn.params["update_jaxpr"] is not None):
+    return None  # `.at[...].apply(f)` binds a set with `f` as its update computation.
   operand, indices, updates = (v.aval for v in eqn.invars[:3])
   numbers = eqn.params["dimension_numbers"]
-  if (len(indices.shape) != 1 or numbers.operand_batching_dims
+  if (len(indices.shape) != 1 or indices.dtype != jnp.int32 or numbers.operand_batching_dims
       or numbers.scatter_indices_batching_dims
       or indices.shape[0] != len(numbers.scatter_dims_to_operand_dims)):
     return None
@@ -74,13 +80,12 @@ def _as_select(eqn: jex_core.JaxprEqn, window: Sequence[int], operand, indices, 
   for position, d in enumerate(numbers.scatter_dims_to_operand_dims):
     start = indices[position]
     size = shape[d] if d in window else 1
-    if clip:  # XLA clamps the start so that the window fits.
-      start = lax.clamp(jnp.zeros((), start.dtype), start,
-                        jnp.asarray(shape[d] - size, start.dtype))
+    if clip:  # JAX clamps the start so that the window fits.
+      start = lax.clamp(jnp.int32(0), start, jnp.int32(shape[d] - size))
     if d in window:  # Whole along d: in bounds only from 0.
       mask = mask & (start == 0)
     else:
-      mask = mask & (lax.broadcasted_iota(start.dtype, shape, d) == start)
+      mask = mask & (lax.broadcasted_iota(jnp.int32, shape, d) == start)
   for d in numbers.inserted_window_dims:  # Inserted, with no index: at 0.
     if d not in numbers.scatter_dims_to_operand_dims:
       mask = mask & (lax.broadcasted_iota(jnp.int32, shape, d) == 0)
@@ -109,17 +114,18 @@ def _evaluate(jaxpr: jex_core.Jaxpr, consts: Sequence[Any], args: Sequence[Any])
     inputs = [read(v) for v in eqn.invars]
     window = _window_dims(eqn)
     outputs = None
-    if window is not None:
-      select = _as_select(eqn, window, *inputs)
-      if jax.typeof(select) == eqn.outvars[0].aval:  # Same type, weak or not.
-        outputs = [select]
-    elif eqn.primitive is primitives.jit_p:  # Inlined, so its scatters are rewritten too.
-      inner = eqn.params["jaxpr"]
-      outputs = _evaluate(inner.jaxpr, inner.consts, inputs)
-    if outputs is None:
-      outputs = eqn.primitive.bind(*inputs, **eqn.primitive.get_bind_params(eqn.params))
-      if not eqn.primitive.multiple_results:
-        outputs = [outputs]
+    with eqn.ctx.manager:  # The settings the equation was traced under, as eval_jaxpr binds.
+      if window is not None:
+        select = _as_select(eqn, window, *inputs)
+        if jax.typeof(select) == eqn.outvars[0].aval:  # Same type, weak or not.
+          outputs = [select]
+      elif eqn.primitive is primitives.jit_p:  # Inlined, so its scatters are rewritten too.
+        inner = eqn.params["jaxpr"]
+        outputs = _evaluate(inner.jaxpr, inner.consts, inputs)
+      if outputs is None:
+        outputs = eqn.primitive.bind(*inputs, **eqn.primitive.get_bind_params(eqn.params))
+        if not eqn.primitive.multiple_results:
+          outputs = [outputs]
     values.update(zip(eqn.outvars, outputs))
   return [read(v) for v in jaxpr.outvars]
 

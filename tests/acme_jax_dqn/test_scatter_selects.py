@@ -82,15 +82,28 @@ def test_single_index_scatters_become_selects_with_the_scatters_values(case):
 
 
 def test_other_scatters_stay_scatters_and_compute_the_same():
-  """Several indices at once, a window narrower than its dimension, and one inside a loop."""
+  """Several indices at once, a window narrower than its dimension, one inside a loop, one
+  whose update is a function of the old value (`.at[...].apply`) and one with uint8 indices."""
+  column = jax.lax.ScatterDimensionNumbers((), (0, 1), (0, 1))
+
   def fn(x, i):
     x = x.at[jnp.array([i, i + 1]), 2].set(1.0)  # Two indices.
     x = x.at[1:3, i].set(jnp.array([4.0, 5.0]))  # A window of 2 of the 5 rows.
+    x = x.at[i, 3].apply(lambda v: v * 10 + 1)
+    x = jax.lax.scatter(x, jnp.stack([i, i]).astype(jnp.uint8), jnp.float32(7), column)
     return jax.lax.fori_loop(0, 2, lambda k, y: y.at[k, i].add(1.0), x)
-  operand = np.zeros((5, 6), np.float32)
-  assert _scatters(scatters_as_selects(fn), operand, 1) == _scatters(fn, operand, 1) == 3
+  operand = np.arange(30, dtype=np.float32).reshape(5, 6)
+  assert _scatters(scatters_as_selects(fn), operand, 1) == _scatters(fn, operand, 1) == 5
   for i in range(-1, 7):
     _same(jax.jit(scatters_as_selects(fn))(operand, i), jax.jit(fn)(operand, i))
+
+
+def test_a_scatter_promised_in_bounds_is_a_select_too():
+  fn = lambda x, i, j: x.at[i, j].set(-1.0, mode="promise_in_bounds")
+  operand = np.ones((5, 6), np.float32)
+  assert _scatters(scatters_as_selects(fn), operand, 0, 0) == 0
+  for i, j in [(0, 0), (4, 5), (2, 3), (-1, -2)]:
+    _same(jax.jit(scatters_as_selects(fn))(operand, i, j), jax.jit(fn)(operand, i, j))
 
 
 def test_a_function_without_scatters_to_rewrite_is_traced_as_it_is():
