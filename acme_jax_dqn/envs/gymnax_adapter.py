@@ -113,7 +113,12 @@ def make_gymnax(env_id: str) -> GymnaxEnv:
     hint = f" Did you mean one of {close}?" if close else ""
     raise ValueError(f"gymnax has no environment {env_id!r}.{hint} Known ids: "
                      f"{', '.join(gymnax.registered_envs)}.")
-  env, params = gymnax.make(env_id)
+  try:
+    env, params = gymnax.make(env_id)
+  except OSError as error:  # MNISTBandit-bsuite downloads MNIST as it is made.
+    raise ValueError(f"gymnax could not make {env_id!r}: {error}. It fetches data as it "
+                     "makes this environment: run where that download can reach the "
+                     "internet, or pick another environment.") from error
   with xla_setup.on_host():  # The spaces hold small arrays that gymnax computes eagerly.
     observation_space, action_space = env.observation_space(params), env.action_space(params)
   spec = specs_lib.EnvironmentSpec(

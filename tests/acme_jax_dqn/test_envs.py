@@ -52,6 +52,21 @@ def test_unknown_environment_names_list_the_known_prefixes(name):
     envs.make_environment(name)
 
 
+def test_a_gymnax_environment_whose_data_cannot_be_fetched_is_one_value_error(monkeypatch):
+  """gymnax's MNISTBandit-bsuite downloads MNIST as it is made: offline, a ValueError naming
+  the environment and the way out (a run prints it as one line), not urllib's traceback."""
+  import urllib.error  # pylint: disable=import-outside-toplevel
+  import gymnax  # pylint: disable=import-outside-toplevel
+
+  def offline(env_id, **kwargs):
+    raise urllib.error.URLError("[Errno -2] Name or service not known")
+  monkeypatch.setattr(gymnax, "make", offline)
+  for make in (envs.make_jax_environment, envs.make_environment):
+    with pytest.raises(ValueError, match=r"gymnax could not make 'MNISTBandit-bsuite': .*"
+                       r"Name or service not known.*reach the internet, or pick another"):
+      make("gymnax:MNISTBandit-bsuite")
+
+
 def test_environment_loop_counts_steps_and_episodes():
   class Actor:
     def select_action(self, observation):
