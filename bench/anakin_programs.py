@@ -40,7 +40,7 @@ class Variant(NamedTuple):
   layout), XLA compiler options of its compile (None: XLA's defaults), replay items stored
   packed (`acme_jax_dqn.replay.PackedItems`; None: the run's default, packed), the
   environment's single-index scatters as selects (`acme_jax_dqn.envs.scatter_selects`;
-  None: the run's default, selects)."""
+  None: the run's default, selects on an accelerator and gymnax's scatters on the CPU)."""
   loops: Optional[bool] = None
   apart: Optional[bool] = None
   options: Optional[Dict[str, Any]] = None
@@ -84,7 +84,7 @@ def programs(experiment, config, num_seeds: int, variants=None):
   keys = seeding.keys_of([experiment.seed + i for i in range(num_seeds)])  # As run_dqn's.
   built = {}
 
-  def build(items: bool, selects: bool):
+  def build(items: bool, selects: Optional[bool]):
     """(trainer, compiled init, state shape), once per replay item layout and scatter form."""
     if (items, selects) not in built:
       trainer = builder.make_anakin(env._replace(scatters_as_selects=selects), networks,
@@ -94,11 +94,11 @@ def programs(experiment, config, num_seeds: int, variants=None):
                                jax.eval_shape(init_fn, keys))
     return built[items, selects]
 
-  plan = AnakinPlan(build(True, True)[0], config, experiment)
+  plan = AnakinPlan(build(True, None)[0], config, experiment)
   out = {}
   for name, (loops, apart, options, packed, target_loop, items, selects) in (
       variants or STRUCTURES).items():
-    trainer, init, state_shape = build(items is not False, selects is not False)
+    trainer, init, state_shape = build(items is not False, selects)
     if loops is None:
       loops = seed_layout.warmup_loops(batched)
     warmups = plan.chunk_warmups(trainer, loops)

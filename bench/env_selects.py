@@ -1,5 +1,5 @@
-"""The run's anakin chunk with its environment's single-index scatters as selects (the default)
-or as scatters.
+"""The run's anakin chunk with its environment's single-index scatters as selects (a run's
+default on a GPU or TPU) or as scatters (its default on the CPU).
 
   python -m bench.env_selects --flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg \\
       --env=gymnax:Breakout-MinAtar --seed_counts=1,32 --total_steps=20000 --repeats=4

@@ -96,9 +96,10 @@ flags.DEFINE_enum("target_loop", "auto", ["auto", "yes", "no"], "Whether learner
                   "agents.dqn.seed_layout.target_update_loop).")
 flags.DEFINE_bool("packed_items", True, "Whether the replay stores its items packed "
                   "(acme_jax_dqn.replay.PackedItems), as a run does, or a leaf per field.")
-flags.DEFINE_bool("scatters_as_selects", True, "Whether a gymnax environment's single-index "
-                  "scatters run as selects (acme_jax_dqn/envs/scatter_selects.py; the kit's "
-                  "default), or as scatters (--noscatters_as_selects).")
+flags.DEFINE_bool("scatters_as_selects", None, "Whether a gymnax environment's single-index "
+                  "scatters run as selects (acme_jax_dqn/envs/scatter_selects.py) or as "
+                  "scatters (--noscatters_as_selects); unset: as a run builds them for the "
+                  "target, selects for a GPU and scatters for the CPU.")
 flags.DEFINE_string("out", None, "Markdown table to write ('' : none; default "
                     "bench/results/hlo_kernels.md on the CPU, else hlo_kernels_<target or "
                     "backend>.md, with _<n>_seeds before .md for --num_seeds=n above 1).")
@@ -219,7 +220,8 @@ def main(argv):
     value = FLAGS[structure].value
     flagfiles += [f"--{structure}={value}"] if value != "auto" else []
   flagfiles += [] if FLAGS.packed_items else ["--nopacked_items"]
-  flagfiles += [] if FLAGS.scatters_as_selects else ["--noscatters_as_selects"]
+  if FLAGS.scatters_as_selects is not None:
+    flagfiles += [f"--{'' if FLAGS.scatters_as_selects else 'no'}scatters_as_selects"]
   builds = {f"ours ({', '.join(flagfiles) or 'default flags'})":
             functools.partial(ours_hlo, place, platform, config, experiment)}
   if FLAGS.purejaxrl_dir:

@@ -25,19 +25,26 @@ class GymnaxEnv(NamedTuple):
   """A gymnax environment and its parameters, with its dm_env spec.
 
   `step` and `reset` are gymnax's, on these parameters; with
-  `scatters_as_selects` (the default) they compute the same values with
-  their single-index scatters as selects, which XLA fuses
-  (acme_jax_dqn/envs/scatter_selects.py).
+  `scatters_as_selects` they compute the same values with their
+  single-index scatters as selects (acme_jax_dqn/envs/scatter_selects.py).
+  On a GPU XLA fuses a select where it runs each scatter as a kernel of
+  its own; on the CPU a select writes its whole array where a scatter
+  writes an element in place. None (the default) picks by the device the
+  program is built for: selects on an accelerator, gymnax's scatters on
+  the CPU.
   """
   name: str
   env: Any  # gymnax.environments.environment.Environment
   params: Any  # Its EnvParams.
   spec: specs_lib.EnvironmentSpec
   max_episode_steps: int
-  scatters_as_selects: bool = True
+  scatters_as_selects: Optional[bool] = None
 
   def _compiled_form(self, fn):
-    return scatters_as_selects(fn) if self.scatters_as_selects else fn
+    selects = self.scatters_as_selects
+    if selects is None:  # Read as the program is traced.
+      selects = xla_setup.target_platform() != "cpu"
+    return scatters_as_selects(fn) if selects else fn
 
   def step(self, key, state, action):
     """(observation, state, reward, terminated, truncated, info): gymnax's `step`, which

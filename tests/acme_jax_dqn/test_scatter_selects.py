@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from acme_jax_dqn import envs
+from acme_jax_dqn import xla_setup
 from acme_jax_dqn.envs.scatter_selects import scatters_as_selects
 
 SCATTERS = {primitives.scatter_p, primitives.scatter_add_p, primitives.scatter_mul_p,
@@ -140,7 +141,7 @@ def test_the_gymnax_environments_compared_are_all_those_the_rewrite_changes():
     env = envs.make_jax_environment(f"gymnax:{env_id}")
     if not hasattr(env.spec.actions, "num_values"):  # Continuous: the kit refuses it.
       continue
-    assert (_step_and_reset_scatters(env)
+    assert (_step_and_reset_scatters(env._replace(scatters_as_selects=True))
             == _step_and_reset_scatters(env._replace(scatters_as_selects=False))), env_id
     others += 1
   assert others >= 8  # CartPole, Acrobot, MountainCar, FrozenLake, FourRooms, the bandits...
@@ -152,11 +153,10 @@ def test_gymnax_steps_and_resets_are_those_of_gymnax(name):
   flag and info the same, bit for bit, with fewer scatters in the program."""
   num_steps = REWRITTEN[name]
   name = f"gymnax:{name}"
-  env = envs.make_jax_environment(name)
+  env = envs.make_jax_environment(name)._replace(scatters_as_selects=True)
   plain = env._replace(scatters_as_selects=False)
   num_actions = env.spec.actions.num_values
   key = jax.random.PRNGKey(3)
-  assert env.scatters_as_selects
   state = jax.vmap(plain.reset)(jax.random.split(key, 4))[1]
   actions = jnp.zeros((4,), jnp.int32)
   keys = jax.random.split(key, 4)
@@ -180,3 +180,19 @@ def test_gymnax_steps_and_resets_are_those_of_gymnax(name):
   _same(ours_reset, their_reset)
   _same(ours, theirs)
   assert bool(jnp.any(theirs[3] | theirs[4]))  # Episodes ended, so resets were compared too.
+
+
+def test_by_default_an_accelerator_program_has_the_selects_and_a_cpu_one_gymnaxs_scatters():
+  """On the CPU a select writes its whole array where the scatter writes an element in place
+  (bench/results/env_selects_cpu_*.md); on a GPU XLA runs each scatter as a kernel of its own."""
+  env = envs.make_jax_environment("gymnax:Freeway-MinAtar")
+  assert env.scatters_as_selects is None
+  plain, selects = (_step_and_reset_scatters(env._replace(scatters_as_selects=flag))
+                    for flag in (False, True))
+  assert selects[0] < plain[0] and selects[1] < plain[1]
+  with xla_setup.building_for("cpu"):
+    assert _step_and_reset_scatters(env) == plain
+  with xla_setup.building_for("gpu"):
+    assert _step_and_reset_scatters(env) == selects
+  with xla_setup.building_for("tpu"):
+    assert _step_and_reset_scatters(env) == selects
