@@ -17,12 +17,12 @@
 #                GPU host that cannot reach a package index; WHEELS=0 leaves them (they are for
 #                the GPU host's Python 3.12: a tiny run on another Python skips them)
 #
-# In order: ours beside PureJaxRL at the defaults (every goal); the target update as a select
-# in every learner step and in a loop that runs when it is due, at 2,048 seeds; where the
-# device's time goes
-# (bench/kernel_times.py) on CartPole at 2,048 seeds beside PureJaxRL's kernels (each op with
-# its modelled bytes), then on Breakout at one seed; the fused loss against XLA's (one batch,
-# then the run's programs); ours beside PureJaxRL with the fused loss; the loops' carry packed
+# In order: ours beside PureJaxRL at the defaults (every goal); the fused loss against XLA's
+# (one batch, then the run's programs), at one seed and at 2,048; where the device's time goes
+# (bench/kernel_times.py) on Breakout at one seed, then on CartPole at 2,048 seeds beside
+# PureJaxRL's kernels (each op with its modelled bytes); the target update as a select in every
+# learner step and in a loop that runs when it is due, at 2,048 seeds; ours beside PureJaxRL
+# with the fused loss; the loops' carry packed
 # and plain; the replay's items packed and a leaf per field, at one seed; Breakout-MinAtar's
 # scatters as selects and as scatters, at one seed; Breakout-MinAtar with cuDNN's
 # convolutions and with patch products, twice, alternating; the device's time at 2,048 seeds
@@ -92,16 +92,16 @@ breakout() {  # breakout CONV_IMPL SUFFIX
 peer && step gpu_speed 240 $PY -m bench.gpu_speed --purejaxrl_dir="$PEER" \
   --num_seeds=1,$MANY --minatar_seeds=1,$MINATAR_MANY --total_steps=$STEPS_PER_SEED \
   --logdir="$OUT/runs_default" --out="$OUT/gpu_speed.md"
-step target_update 100 $PY -m bench.target_update --flagfile=$CFG --seed_counts=$MANY \
-  --total_steps=$PACKED_STEPS --repeats=2 --out="$OUT/target_update.md"
-PEER_FLAG=""
-peer && PEER_FLAG="--purejaxrl_dir=$PEER"
-step kernel_times_many_xla 90 $PY -m bench.kernel_times --flagfile=$CFG --num_seeds=$MANY \
-  --total_steps=$TRACED_STEPS --top=40 $PEER_FLAG --out="$OUT/kernel_times_many_xla.md"
-step kernel_times_breakout 60 $PY -m bench.kernel_times --flagfile=$CFG \
-  --env=gymnax:Breakout-MinAtar --total_steps=$TRACED_STEPS --out="$OUT/kernel_times_breakout.md"
 step fused_loss 120 $PY -m bench.fused_loss --flagfile=$CFG --seed_counts=1,$MANY \
   --total_steps=$FUSED_STEPS --num_warps=8 --out="$OUT/fused_loss.md"
+PEER_FLAG=""
+peer && PEER_FLAG="--purejaxrl_dir=$PEER"
+step kernel_times_breakout 60 $PY -m bench.kernel_times --flagfile=$CFG \
+  --env=gymnax:Breakout-MinAtar --total_steps=$TRACED_STEPS --out="$OUT/kernel_times_breakout.md"
+step kernel_times_many_xla 90 $PY -m bench.kernel_times --flagfile=$CFG --num_seeds=$MANY \
+  --total_steps=$TRACED_STEPS --top=40 $PEER_FLAG --out="$OUT/kernel_times_many_xla.md"
+step target_update 100 $PY -m bench.target_update --flagfile=$CFG --seed_counts=$MANY \
+  --total_steps=$PACKED_STEPS --repeats=2 --out="$OUT/target_update.md"
 peer && step gpu_speed_fused_loss 150 $PY -m bench.gpu_speed --purejaxrl_dir="$PEER" \
   --num_seeds=1,$MANY --minatar_seeds= --total_steps=$STEPS_PER_SEED --extra_flags=--fused_loss \
   --logdir="$OUT/runs_fused_loss" --out="$OUT/gpu_speed_fused_loss.md"
