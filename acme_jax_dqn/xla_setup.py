@@ -99,8 +99,8 @@ def target_platform() -> str:
 
   The kit picks some program structures by platform (a select or a
   conditional, convolutions as patch matmuls, the learning warm-up as its
-  own loop, an environment's scatters as selects); they ask here. It is JAX's default backend, except within
-  `building_for`.
+  own loop, an environment's scatters as selects); they ask here. It is
+  JAX's default backend, except within `building_for`.
   """
   return _TARGET_PLATFORM or jax.default_backend()
 

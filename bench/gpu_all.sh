@@ -22,12 +22,11 @@
 # (bench/kernel_times.py) on Breakout at one seed, then on CartPole at 2,048 seeds beside
 # PureJaxRL's kernels (each op with its modelled bytes); the target update as a select in every
 # learner step and in a loop that runs when it is due, at 2,048 seeds; ours beside PureJaxRL
-# with the fused loss; the loops' carry packed
-# and plain; the replay's items packed and a leaf per field, at one seed; Breakout-MinAtar's
-# scatters as selects and as scatters, at one seed; Breakout-MinAtar with cuDNN's
-# convolutions and with patch products, twice, alternating; the device's time at 2,048 seeds
-# with the fused loss; the build's compile schedules; ours at 2,048 seeds beside PureJaxRL as
-# it is and with its seeds independent.
+# with the fused loss; the loops' carry packed and plain; the replay's items packed and a leaf
+# per field, at one seed; Breakout-MinAtar's scatters as selects and as scatters, at one seed;
+# Breakout-MinAtar with cuDNN's convolutions and with patch products, twice, alternating; the
+# device's time at 2,048 seeds with the fused loss; the build's compile schedules; ours at
+# 2,048 seeds beside PureJaxRL as it is and with its seeds independent.
 # STEPS          step names to run, separated by spaces or commas (default: all), e.g.
 #                STEPS=packed_carry,compile_time for a second call that finishes what the
 #                first one's deadline cut
