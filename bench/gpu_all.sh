@@ -30,6 +30,10 @@
 # STEPS          step names to run, separated by spaces or commas (default: all), e.g.
 #                STEPS=packed_carry,compile_time for a second call that finishes what the
 #                first one's deadline cut
+# BUNDLE         a .tar.gz file that the tables, step outputs, log and runs' summary.json files
+#                under $OUT are packed into after every step and at the end (the checkpoints
+#                stay out), for a GPU host that hands back only a few files or one folder, e.g.
+#                `BUNDLE=/results/gpu_all.tar.gz OUT=/tmp/gpu_all bash bench/gpu_all.sh`
 # Every step's output is in $OUT/<step>.txt, its tail in $OUT/log.txt, its table in $OUT/*.md.
 set -u
 START=$(date +%s)
@@ -39,6 +43,17 @@ DEADLINE=${DEADLINE:-560}
 CFG=launch/configs/cartpole_anakin_purejaxrl.cfg
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
+if [ -n "${BUNDLE:-}" ]; then
+  mkdir -p "$(dirname "$BUNDLE")"
+  BUNDLE=$(cd "$(dirname "$BUNDLE")" && pwd)/$(basename "$BUNDLE")  # Steps run elsewhere.
+fi
+
+bundle() {  # Packs what a reader needs (not the runs' checkpoints), whole or not at all.
+  [ -n "${BUNDLE:-}" ] || return 0
+  (cd "$OUT" && find . -maxdepth 4 -type f \( -name '*.md' -o -name '*.txt' \
+    -o -name summary.json \) -print0 | tar -czf "$BUNDLE.part" --null -T -) \
+    && mv -f "$BUNDLE.part" "$BUNDLE"
+}
 if [ "${WHEELS:-1}" != 0 ] && ls .whl/*.whl > /dev/null 2>&1; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/gpu_all_site .whl/*.whl || { echo "installing .whl/ failed"; exit 1; }
@@ -66,6 +81,7 @@ step() {  # step NAME CAP_S COMMAND...
   left=$(( DEADLINE - ($(date +%s) - START) ))
   if [ "$left" -lt 30 ]; then
     echo "== $name: skipped, ${left} s left" | tee -a "$OUT/log.txt"
+    bundle
     return
   fi
   [ "$cap" -gt $(( left - 10 )) ] && cap=$(( left - 10 ))
@@ -78,6 +94,7 @@ step() {  # step NAME CAP_S COMMAND...
   kill -KILL -- -"$pid" 2> /dev/null
   echo "exit code $code" >> "$OUT/$name.txt"
   tail -n 25 "$OUT/$name.txt" >> "$OUT/log.txt"
+  bundle
 }
 
 peer() { [ -f "$PEER/purejaxrl/dqn.py" ]; }
@@ -122,3 +139,4 @@ peer && step gpu_speed_independent_seeds 180 $PY -m bench.gpu_speed --purejaxrl_
   --num_seeds=$MANY --minatar_seeds= --total_steps=$STEPS_PER_SEED --purejaxrl_independent_seeds \
   --logdir="$OUT/runs_independent_seeds" --out="$OUT/gpu_speed_independent_seeds.md"
 echo "== done at $(( $(date +%s) - START )) s" | tee -a "$OUT/log.txt"
+bundle

@@ -1016,3 +1016,30 @@ def test_hlo_kernels_counts_the_chunk_structure_a_run_compiles(tmp_path, num_see
   assert f"{num_seeds} seed" in out.read_text()
   assert ("--scan_unroll=2" in name) == (unroll == 2)
   assert ("a loop step (2 iterations)" in out.read_text()) == (unroll == 2)
+
+
+def test_gpu_all_bundles_tables_logs_and_summaries_but_not_checkpoints(tmp_path):
+  """BUNDLE packs the reader's files under OUT (tables, step outputs, the log, the runs'
+  summary.json) into one .tar.gz, which a host that hands back few files returns whole; the
+  runs' checkpoints stay out. No step runs here (STEPS names none)."""
+  import tarfile  # pylint: disable=import-outside-toplevel
+  out = tmp_path / "out"
+  (out / "runs_default" / "cartpole_1_0" / "checkpoints" / "100").mkdir(parents=True)
+  (out / "gpu_speed.md").write_text("| table |\n")
+  (out / "gpu_speed.txt").write_text("a step's output\n")
+  (out / "runs_default" / "cartpole_1_0" / "summary.json").write_text("{}\n")
+  (out / "runs_default" / "cartpole_1_0" / "checkpoints" / "100" / "params").write_bytes(
+      b"\0" * 1024)
+  bundle = tmp_path / "back" / "gpu_all.tar.gz"
+  env = {**os.environ, "OUT": str(out), "BUNDLE": os.path.relpath(bundle, ROOT),
+         "STEPS": "no_such_step", "WHEELS": "0", "PUREJAXRL_DIR": str(tmp_path / "none")}
+  subprocess.run(["bash", "bench/gpu_all.sh"], cwd=ROOT, env=env, check=True,
+                 capture_output=True, timeout=60)
+  with tarfile.open(bundle) as tar:
+    names = sorted(os.path.normpath(n) for n in tar.getnames() if not n.endswith("/")
+                   and tar.getmember(n).isfile())
+    log = tar.extractfile("./log.txt").read().decode()
+  assert names == ["gpu_speed.md", "gpu_speed.txt", "log.txt",
+                   os.path.join("runs_default", "cartpole_1_0", "summary.json")], names
+  assert "no PureJaxRL checkout" in log and "== done at" in log
+  assert not os.path.exists(f"{bundle}.part")
