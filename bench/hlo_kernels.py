@@ -34,6 +34,10 @@ process of the project's own environment):
   /tmp/gpu_aot/bin/pip install --no-deps jax-cuda13-plugin==$JAX jax-cuda13-pjrt==$JAX
   /tmp/gpu_aot/bin/python -m bench.hlo_kernels --target=h200 ...
 
+The H200 runs in docs/benchmarks.md used jax 0.11.2, whose XLA compiles
+some programs differently (PureJaxRL's: fewer copies); bench/jax_0112_venv.sh
+makes a Python 3.12 virtualenv with that version and its plugin.
+
 Without a device XLA cannot autotune, so its GEMM tilings are its
 defaults: kernel counts are the GPU's, their run times are not measured.
 
@@ -45,6 +49,7 @@ their `or`), `wandb`, which it imports but does not use here, is a
 stand-in module, and `jax.tree_map` (gone from jax 0.6 on) is `jax.tree.map`.
 """
 
+import contextlib
 import functools
 import json
 import math
@@ -106,12 +111,17 @@ flags.DEFINE_string("out", None, "Markdown table to write ('' : none; default "
 FLAGS = flags.FLAGS
 GPU_TARGETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_targets")
 
+# The device the programs are compiled for, as an abstract mesh, where it is not this host's.
+_TARGET_MESH = None
+
+
 def gpu_placement(target: str) -> Callable:
   """A function that places a tree of shapes on one `target` device, made without the device.
 
   Call before JAX starts its backends: the CUDA plugin, which makes the
   device description, must not try to start a GPU.
   """
+  global _TARGET_MESH  # pylint: disable=global-statement
   os.environ["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
   jax.config.update("jax_platforms", "cpu")
   from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
@@ -126,13 +136,21 @@ def gpu_placement(target: str) -> Callable:
                       f"made with --system-site-packages, `pip install --no-deps {plugin}` "
                       "and run the bench with its python.")
   mesh = topologies.make_mesh(topology, (1,), ("device",))
+  _TARGET_MESH = mesh.abstract_mesh
   sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   return lambda tree: jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
 
 
 def _compiled_text(fn, *args) -> str:
-  return jax.jit(fn).lower(*args).compile().as_text()
+  """The optimized HLO of `fn` compiled for `args`' device. For a target device, lowered under
+  its abstract mesh: from jax 0.11 Pallas's Triton lowering reads the GPU it lowers for from
+  there (or from the default device, here a CPU)."""
+  target = (contextlib.nullcontext() if _TARGET_MESH is None
+            else jax.sharding.use_abstract_mesh(_TARGET_MESH))
+  with target:
+    lowered = jax.jit(fn).lower(*args)
+  return lowered.compile().as_text()
 
 
 def ours_hlo(place: Callable, platform: str, config: DQNConfig, experiment: ExperimentConfig
