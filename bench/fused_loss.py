@@ -1,14 +1,16 @@
 """The anakin training chunk with the fused loss kernel beside the same chunk with XLA's loss.
 
   python -m bench.fused_loss --flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg \\
-      --seed_counts=1,2048 --total_steps=200000 --repeats=3 --num_warps=4,8
+      --seed_counts=1,2048 --total_steps=200000 --repeats=3 --num_warps=4,8 --row_blocks=128,32
 
 For each seed count, the run's programs (init and every chunk of the
 command's run flags, on one device: one seed unbatched, more vmapped, as
 `launch.run_dqn` lays out a device's block of seeds) are compiled with the
 rlax loss through autodiff (`--fused_loss=False`) and with the fused loss
 (acme_jax_dqn/fused_loss.py), once per `--num_warps` value (Triton warps
-per seed's program, `fused_loss.NUM_WARPS`). They are called in turn, a
+per seed's program, `fused_loss.NUM_WARPS`) and `--row_blocks` value (the
+batch's rows per pass through the network, `fused_loss.ROW_BLOCK`: fewer
+hold fewer activations in registers). They are called in turn, a
 warm-up round first; the table gives each program's compile seconds, its
 median run, the median ratio of env steps/s (fused over XLA) and how far
 the fused run's parameters ended from XLA's (the largest difference over
@@ -48,6 +50,9 @@ launch_flags.define_flags()
 flags.DEFINE_list("seed_counts", ["1", "2048"], "Seeds on the one device, one program each.")
 flags.DEFINE_list("num_warps", [str(fused_loss.NUM_WARPS)],
                   "Triton warps per seed's program of the fused kernel; one program each.")
+flags.DEFINE_list("row_blocks", [str(fused_loss.ROW_BLOCK)],
+                  "The fused kernel's batch rows per block (powers of two of 16 or more); one "
+                  "program for each, with each --num_warps value.")
 flags.DEFINE_integer("repeats", 3, "Timed rounds per seed count after the warm-up round.")
 flags.DEFINE_string("out", "", "Markdown table to write (default: "
                     "bench/results/fused_loss_<backend>.md).")
@@ -92,11 +97,15 @@ def main(argv):
   try:
     counts = [int(c) for c in FLAGS.seed_counts]
     warps = [int(w) for w in FLAGS.num_warps]
+    blocks = [int(b) for b in FLAGS.row_blocks]
   except ValueError:
-    counts = warps = []
+    counts = warps = blocks = []
   if not counts or min(counts) < 1 or not warps or min(warps) < 1:
     harness.bad_input(f"--seed_counts={','.join(FLAGS.seed_counts)} --num_warps="
                       f"{','.join(FLAGS.num_warps)}: give whole numbers of 1 or more.")
+  if not blocks or any(b < 16 or b & (b - 1) for b in blocks):
+    harness.bad_input(f"--row_blocks={','.join(FLAGS.row_blocks)}: give powers of two of 16 "
+                      "or more (a Triton dot's least side).")
   try:  # A network or loss the kernel does not compute: the run's own one-line refusal.
     fused_config = dataclasses.replace(config, fused_loss=True)
     env = envs.make_jax_environment(experiment.env)
@@ -105,7 +114,9 @@ def main(argv):
     harness.bad_input(cli.flag_terms(error))
   with xla_setup.prng_impl(experiment.prng_impl):
     errors = one_batch_error(fused_config, networks, env.spec)
-  names = ["XLA's loss"] + [f"fused, {w} warps" for w in warps]
+  kernels = [(w, b) for w in warps for b in blocks]
+  names = ["XLA's loss"] + [f"fused, {w} warps" + (f", {b} rows" if len(blocks) > 1 else "")
+                            for w, b in kernels]
   table = harness.PrintedTable(
       ["seeds", "compile s (" + ", ".join(names) + ")", "run s (same order)",
        "fused / XLA (env steps/s)", "parameter drift (fused from XLA)"],
@@ -118,15 +129,16 @@ def main(argv):
           experiment, dataclasses.replace(config, fused_loss=False), num_seeds,
           anakin_programs.RUN_DEFAULT)
       progs[names[0]] = built[anakin_programs.DEFAULT]
-      saved = fused_loss.NUM_WARPS
+      saved = fused_loss.NUM_WARPS, fused_loss.ROW_BLOCK
       try:
-        for name, num_warps in zip(names[1:], warps):
-          fused_loss.NUM_WARPS = num_warps  # Read when the kernel is traced, in `programs`.
+        for name, (num_warps, row_block) in zip(names[1:], kernels):
+          # Read when the kernel is traced, in `programs`.
+          fused_loss.NUM_WARPS, fused_loss.ROW_BLOCK = num_warps, row_block
           built, _, _ = anakin_programs.programs(experiment, fused_config, num_seeds,
                                                 anakin_programs.RUN_DEFAULT)
           progs[name] = built[anakin_programs.DEFAULT]
       finally:
-        fused_loss.NUM_WARPS = saved
+        fused_loss.NUM_WARPS, fused_loss.ROW_BLOCK = saved
       times, results = anakin_programs.timed_rounds(progs, FLAGS.repeats)
     xla_params = results[names[0]][0]
     ratios = {n: statistics.median(x / f for x, f in zip(times[names[0]], times[n]))
@@ -144,7 +156,7 @@ def main(argv):
       "with XLA's loss (rlax through autodiff) and with the fused loss kernel "
       f"({'Triton' if jax.default_backend() == 'gpu' else 'interpreted by Pallas'}), called "
       f"in turn, {FLAGS.repeats} timed rounds per seed count after a warm-up round; the best "
-      "warps' median ratio of env steps/s, fused over XLA: "
+      "kernel's median ratio of env steps/s, fused over XLA: "
       + ", ".join(f"{n} seed(s) {m:.2f}x" for n, m in zip(counts, medians)) + ". One batch of "
       f"the run's shapes ({config.batch_size} transitions), the kernel against XLA's loss, "
       "largest difference over XLA's largest value: "

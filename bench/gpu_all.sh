@@ -17,15 +17,15 @@
 #                GPU host that cannot reach a package index; WHEELS=0 leaves them (they are for
 #                the GPU host's Python 3.12: a tiny run on another Python skips them)
 #
-# In order: ours beside PureJaxRL at the defaults (every goal); the fused loss against XLA's
-# (one batch, then the run's programs), at one seed and at 2,048; where the device's time goes
-# (bench/kernel_times.py) on Breakout at one seed, then on CartPole at 2,048 seeds beside
-# PureJaxRL's kernels (each op with its modelled bytes); the target update as a select in every
-# learner step and in a loop that runs when it is due, at 2,048 seeds; ours beside PureJaxRL
-# with the fused loss; the loops' carry packed and plain; the replay's items packed and a leaf
-# per field, at one seed; Breakout-MinAtar's scatters as selects and as scatters, at one seed;
-# Breakout-MinAtar with cuDNN's convolutions and with patch products, twice, alternating; the
-# device's time at 2,048 seeds with the fused loss; the build's compile schedules; ours at
+# In order: ours beside PureJaxRL at the defaults (every goal); the fused loss against XLA's (one
+# batch, then the run's programs), at 2,048 seeds and at one, in 128-row and 32-row passes; where
+# the device's time goes (bench/kernel_times.py) on Breakout at one seed, then on CartPole at
+# 2,048 seeds beside PureJaxRL's kernels (each op with its modelled bytes); the target update as a
+# select in every learner step and in a loop that runs when it is due, at 2,048 seeds; ours beside
+# PureJaxRL with the fused loss; the loops' carry packed and plain; the replay's items packed and
+# a leaf per field, at one seed; Breakout-MinAtar's scatters as selects and as scatters, at one
+# seed; Breakout-MinAtar with cuDNN's convolutions and with patch products, twice, alternating;
+# the device's time at 2,048 seeds with the fused loss; the build's compile schedules; ours at
 # 2,048 seeds beside PureJaxRL as it is and with its seeds independent.
 # STEPS          step names to run, separated by spaces or commas (default: all), e.g.
 #                STEPS=packed_carry,compile_time for a second call that finishes what the
@@ -108,8 +108,13 @@ breakout() {  # breakout CONV_IMPL SUFFIX
 peer && step gpu_speed 240 $PY -m bench.gpu_speed --purejaxrl_dir="$PEER" \
   --num_seeds=1,$MANY --minatar_seeds=1,$MINATAR_MANY --total_steps=$STEPS_PER_SEED \
   --logdir="$OUT/runs_default" --out="$OUT/gpu_speed.md"
-step fused_loss 120 $PY -m bench.fused_loss --flagfile=$CFG --seed_counts=1,$MANY \
-  --total_steps=$FUSED_STEPS --num_warps=8 --out="$OUT/fused_loss.md"
+# 2,048 seeds first (the goal rests on it; each row prints as it is measured), and a second
+# kernel that passes the batch in blocks of 32 rows: built for an H200 by Triton 3.6, a thread of
+# one 128-row pass spills 1,056 bytes with 8 warps (2,600 with 4), of 32-row passes 668
+# (bench/fused_kernel_resources.py, bench/results/fused_kernel_resources_h200.md).
+step fused_loss 150 $PY -m bench.fused_loss --flagfile=$CFG --seed_counts=$MANY,1 \
+  --total_steps=$FUSED_STEPS --num_warps=8 --row_blocks=128,32 --repeats=2 \
+  --out="$OUT/fused_loss.md"
 PEER_FLAG=""
 peer && PEER_FLAG="--purejaxrl_dir=$PEER"
 step kernel_times_breakout 60 $PY -m bench.kernel_times --flagfile=$CFG \

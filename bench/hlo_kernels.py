@@ -49,7 +49,6 @@ their `or`), `wandb`, which it imports but does not use here, is a
 stand-in module, and `jax.tree_map` (gone from jax 0.6 on) is `jax.tree.map`.
 """
 
-import contextlib
 import functools
 import json
 import math
@@ -71,6 +70,7 @@ from agents.dqn import seed_layout  # pylint: disable=wrong-import-position
 from agents.dqn.builder import DQNBuilder  # pylint: disable=wrong-import-position
 from agents.dqn.config import ConfigError, DQNConfig  # pylint: disable=wrong-import-position
 from agents.dqn.experiment_config import ExperimentConfig  # pylint: disable=wrong-import-position
+from bench import gpu_target  # pylint: disable=wrong-import-position
 from bench import harness  # pylint: disable=wrong-import-position
 from bench import hlo_count  # pylint: disable=wrong-import-position
 from bench import purejaxrl_peer  # pylint: disable=wrong-import-position
@@ -109,48 +109,10 @@ flags.DEFINE_string("out", None, "Markdown table to write ('' : none; default "
                     "bench/results/hlo_kernels.md on the CPU, else hlo_kernels_<target or "
                     "backend>.md, with _<n>_seeds before .md for --num_seeds=n above 1).")
 FLAGS = flags.FLAGS
-GPU_TARGETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_targets")
-
-# The device the programs are compiled for, as an abstract mesh, where it is not this host's.
-_TARGET_MESH = None
-
-
-def gpu_placement(target: str) -> Callable:
-  """A function that places a tree of shapes on one `target` device, made without the device.
-
-  Call before JAX starts its backends: the CUDA plugin, which makes the
-  device description, must not try to start a GPU.
-  """
-  global _TARGET_MESH  # pylint: disable=global-statement
-  os.environ["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
-  jax.config.update("jax_platforms", "cpu")
-  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
-  with open(os.path.join(GPU_TARGETS, f"{target}.txtpb")) as f:
-    description = f.read()
-  try:
-    topology = topologies.get_topology_desc("hlo_kernels", "cuda", target_config=description,
-                                            topology="1x1x1")
-  except (NotImplementedError, RuntimeError) as error:
-    plugin = f"jax-cuda13-plugin=={jax.__version__} jax-cuda13-pjrt=={jax.__version__}"
-    harness.bad_input(f"--target={target}: no GPU compiler here ({error}). In a virtualenv "
-                      f"made with --system-site-packages, `pip install --no-deps {plugin}` "
-                      "and run the bench with its python.")
-  mesh = topologies.make_mesh(topology, (1,), ("device",))
-  _TARGET_MESH = mesh.abstract_mesh
-  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  return lambda tree: jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
-
 
 def _compiled_text(fn, *args) -> str:
-  """The optimized HLO of `fn` compiled for `args`' device. For a target device, lowered under
-  its abstract mesh: from jax 0.11 Pallas's Triton lowering reads the GPU it lowers for from
-  there (or from the default device, here a CPU)."""
-  target = (contextlib.nullcontext() if _TARGET_MESH is None
-            else jax.sharding.use_abstract_mesh(_TARGET_MESH))
-  with target:
-    lowered = jax.jit(fn).lower(*args)
-  return lowered.compile().as_text()
+  """The optimized HLO of `fn` compiled for `args`' device (see `gpu_target.lowered`)."""
+  return gpu_target.lowered(fn, *args).compile().as_text()
 
 
 def ours_hlo(place: Callable, platform: str, config: DQNConfig, experiment: ExperimentConfig
@@ -216,7 +178,7 @@ def main(argv):
   if target == "local":
     place, platform = (lambda tree: tree), jax.default_backend()
   else:
-    place, platform = gpu_placement(target), "gpu"
+    place, platform = gpu_target.placement(target), "gpu"
   flagfiles = [os.path.basename(a.split("=", 1)[1]) for a in sys.argv
                if a.startswith("--flagfile=")]
   try:

@@ -15,14 +15,15 @@
 #            (from .whl/, which bench/gpu_wheels.sh fetches when it is missing) and JAX's CUDA
 #            plugin, for --target=h200 alone, to $VENV/cuda
 # Besides JAX, the virtualenv holds the packages the kit takes from a GPU image that has JAX,
-# flax, optax, chex, orbax, matplotlib and seaborn.
+# flax, optax, chex, orbax, matplotlib and seaborn, and the image's Triton (3.6.0), with which
+# bench/fused_kernel_resources.py builds the fused loss kernel.
 set -eu
 PY312=${PYTHON312:-python3.12}
 VENV=${VENV:-/tmp/jax_0112}
 JAX=0.11.2
 "$PY312" -m venv "$VENV"
 "$VENV/bin/pip" install -q "jax==$JAX" "jaxlib==$JAX" absl-py chex flax optax orbax-checkpoint \
-  matplotlib seaborn tqdm flatbuffers tabulate six scipy pyyaml
+  matplotlib seaborn tqdm flatbuffers tabulate six scipy pyyaml triton==3.6.0
 ls .whl/*.whl > /dev/null 2>&1 || bash bench/gpu_wheels.sh
 "$VENV/bin/pip" install -q --no-deps --upgrade --target "$VENV/site" .whl/*.whl
 "$VENV/bin/pip" install -q --no-deps --upgrade --target "$VENV/cuda" "jax-cuda13-plugin==$JAX" \

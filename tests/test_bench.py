@@ -482,21 +482,23 @@ def test_the_compiler_options_bench_compiles_the_run_chunks_with_each_option_set
 
 def test_the_fused_loss_bench_trains_the_run_with_both_losses_to_the_same_parameters(tmp_path):
   """One seed on the CPU (the kernel interpreted): the run's programs with XLA's loss and with
-  the fused loss at two warp counts, whose parameters end within float rounding of XLA's."""
+  the fused loss at two warp counts and two row blocks (the batch of 128 in one pass, and in
+  four), whose parameters end within float rounding of XLA's."""
   out = tmp_path / "fused_loss.md"
   subprocess.run(
       [sys.executable, "-m", "bench.fused_loss",
        "--flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg", "--seed_counts=1",
        "--total_steps=1200", "--min_replay_size=400", "--log_every=400", "--repeats=1",
-       "--num_warps=4,8", f"--out={out}"], cwd=ROOT, check=True, capture_output=True,
-      text=True, timeout=300)
+       "--num_warps=4,8", "--row_blocks=128,32", f"--out={out}"], cwd=ROOT, check=True,
+      capture_output=True, text=True, timeout=300)
   rows = [[c.strip() for c in line.split("|")[1:-1]] for line in out.read_text().splitlines()
           if line.startswith("| 1 |")]
-  assert len(rows) == 1 and len(rows[0][1].split(",")) == 3, rows  # Three compile times.
-  assert "fused, 4 warps: **" in rows[0][3] and "fused, 8 warps: **" in rows[0][3], rows
+  assert len(rows) == 1 and len(rows[0][1].split(",")) == 5, rows  # Five compile times.
+  for name in ("4 warps, 128 rows", "4 warps, 32 rows", "8 warps, 128 rows", "8 warps, 32 rows"):
+    assert f"fused, {name}: **" in rows[0][3], rows
   drifts = [float(d) for d in rows[0][4].split(",")]
   # Above 0: the fused programs did not run XLA's loss; far below 1: the same training.
-  assert len(drifts) == 2 and all(0 < d < 1e-5 for d in drifts), rows
+  assert len(drifts) == 4 and all(0 < d < 1e-5 for d in drifts), rows
   found = re.search(r"loss (\S+), TD errors (\S+), gradients (\S+)\.", out.read_text())
   assert found and all(float(e) < 1e-5 for e in found.groups()), out.read_text()[-400:]
 
@@ -678,8 +680,14 @@ def test_the_compile_time_bench_times_three_schedules_of_the_run_dqn_build(tmp_p
     ("hlo_kernels", ["--scan_unroll=0"], "error: --scan_unroll=0: must be at least 1."),
     ("hlo_kernels", ["--acting_apart=yes"], "--acting_apart=yes: one seed on the CPU decides"),
     ("fused_loss", ["--num_warps=0"], "--num_warps=0: give whole numbers of 1 or more."),
+    ("fused_loss", ["--row_blocks=48"], "--row_blocks=48: give powers of two of 16 or more"),
+    ("fused_loss", ["--row_blocks=8"], "--row_blocks=8: give powers of two of 16 or more"),
     ("fused_loss", ["--dueling"], "--fused_loss=True: its kernel computes Q-learning"),
     ("fused_loss", ["--env=gymnax:Breakout-MinAtar"], "take a conv torso under --torso=auto"),
+    ("fused_kernel_resources", ["--num_warps=3"], "--num_warps=3: give powers of two."),
+    ("fused_kernel_resources", ["--row_blocks=48"], "--row_blocks=48: give powers of two of 16"),
+    # The project's environment has no triton (bench/jax_0112_venv.sh's virtualenv has).
+    ("fused_kernel_resources", [], "no `triton` package here: bench/jax_0112_venv.sh makes"),
     ("anakin_floor", ["--reference", "--double_q"],
      "--reference: the hand-written learner is plain DQN; drop --double_q"),
     ("anakin_floor", ["--reference", "--env=gymnax:Breakout-MinAtar"],

@@ -1,0 +1,53 @@
+"""Programs compiled for a GPU this host does not have (bench/hlo_kernels.py --target=h200,
+bench/fused_kernel_resources.py).
+
+XLA's GPU compiler reads the device from a description in
+bench/gpu_targets/<target>.txtpb, through JAX's CUDA plugin of this jax
+version, which must be importable (bench/hlo_kernels.py says how) and must
+not start a GPU: call `placement` before JAX starts its backends.
+"""
+
+import contextlib
+import os
+from typing import Callable
+
+import jax
+
+from bench import harness
+
+GPU_TARGETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_targets")
+# The device `placement` places on, as an abstract mesh (None: this host's devices).
+TARGET_MESH = None
+
+
+def placement(target: str) -> Callable:
+  """A function that places a tree of shapes on one `target` device, made without the device."""
+  global TARGET_MESH  # pylint: disable=global-statement
+  os.environ["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
+  jax.config.update("jax_platforms", "cpu")
+  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+  with open(os.path.join(GPU_TARGETS, f"{target}.txtpb")) as f:
+    description = f.read()
+  try:
+    topology = topologies.get_topology_desc("gpu_target", "cuda", target_config=description,
+                                            topology="1x1x1")
+  except (NotImplementedError, RuntimeError) as error:
+    plugin = f"jax-cuda13-plugin=={jax.__version__} jax-cuda13-pjrt=={jax.__version__}"
+    harness.bad_input(f"--target={target}: no GPU compiler here ({error}). In a virtualenv "
+                      f"made with --system-site-packages, `pip install --no-deps {plugin}` "
+                      "and run the bench with its python.")
+  mesh = topologies.make_mesh(topology, (1,), ("device",))
+  TARGET_MESH = mesh.abstract_mesh
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  return lambda tree: jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+
+
+def lowered(fn, *args):
+  """`jax.jit(fn)` lowered for `args`' device. For a target device, under its abstract mesh:
+  from jax 0.11 Pallas's Triton lowering reads the GPU it lowers for from there (or from the
+  default device, here a CPU)."""
+  target = (contextlib.nullcontext() if TARGET_MESH is None
+            else jax.sharding.use_abstract_mesh(TARGET_MESH))
+  with target:
+    return jax.jit(fn).lower(*args)
