@@ -17,14 +17,16 @@ registers: more live values spill to local memory, which an SM reads
 through its L1 cache.
 
 It needs what bench/hlo_kernels.py --target=h200 needs (JAX's CUDA plugin
-of this jax version, bench/gpu_target.py) and the `triton` package: bench/jax_0112_venv.sh makes
-a virtualenv with both, jax 0.11.2 and Triton 3.6, as on the GPU of the
-H200 runs. Its XLA builds the kernel with its own Triton; for the
-PureJaxRL preset that build and this one asked for the same shared memory
-(128 KiB; XLA's thunk sequence, --xla_dump_to).
+of this jax version, bench/gpu_target.py) and the `triton` package:
+bench/jax_0112_venv.sh makes a virtualenv with both (jax 0.11.2, Triton
+3.6.0). XLA builds the kernel
+with a Triton of its own; for the PureJaxRL preset that build asked for
+the same shared memory as this one, 128 KiB
+(bench/results/fused_kernel_xla_thunk_h200.txt).
 """
 
 import contextlib
+import dataclasses
 import io
 import math
 import os
@@ -35,11 +37,11 @@ import tempfile
 
 from absl import app
 from absl import flags
-import jax
 
 from acme_jax_dqn import envs
 from acme_jax_dqn import fused_loss
 from acme_jax_dqn import specs
+from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import ConfigError
 from launch import cli
 from launch import flags as launch_flags
@@ -55,23 +57,9 @@ flags.DEFINE_string("out", "", "Markdown table to write (default: "
                     "bench/results/fused_kernel_resources_h200.md).")
 FLAGS = flags.FLAGS
 
-# An H200's (and H100's) SM: compute capability 9.0.
-SM = {"capability": 90, "registers": 65536, "shared_bytes": 228 * 1024, "warps": 64,
-      "programs": 32}
-_LOCATION = re.compile(r' \[unknown\]| "[^"\n]*"\(#loc\d+\)| loc\(#loc\d+\)')
 _PTXAS = {"stack": re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, "
                               r"(\d+) bytes spill loads"),
           "registers": re.compile(r"Used (\d+) registers")}
-
-
-def triton_module(printed: str) -> str:
-  """The Triton module in what `pallas_call(debug=True)` printed, with its locations taken out
-  (they print as annotations that MLIR's parser does not read)."""
-  start = printed.index("module @")
-  lines = [line for line in printed[start:].splitlines()
-           if not line.startswith(("#loc", " at #loc"))]
-  text = "\n".join(lines)
-  return _LOCATION.sub("", text[:text.rindex("\n}") + 2]) + "\n"
 
 
 def lowered_module(place, widths, batch_size: int, double_q: bool, huber_delta: float) -> str:
@@ -89,7 +77,7 @@ def lowered_module(place, widths, batch_size: int, double_q: bool, huber_delta: 
                             huber_delta, compile_kernel=compile_kernel)
   finally:
     fused_loss.pl.pallas_call = pallas_call
-  return triton_module(printed.getvalue())
+  return gpu_target.triton_module(printed.getvalue())
 
 
 def resources(module: str, num_warps: int) -> dict:
@@ -101,25 +89,19 @@ def resources(module: str, num_warps: int) -> dict:
     path = os.path.join(folder, "kernel.ttir")
     with open(path, "w") as f:
       f.write(module)
-    kernel = triton.compile(path, target=GPUTarget("cuda", SM["capability"], 32),
+    capability = gpu_target.SM["capability"]
+    kernel = triton.compile(path, target=GPUTarget("cuda", capability, 32),
                             options={"num_warps": num_warps, "num_stages": 1})
     ptx = os.path.join(folder, "kernel.ptx")
     with open(ptx, "w") as f:
       f.write(kernel.asm["ptx"])
     report = subprocess.run(
-        [compiler.get_ptxas(SM["capability"]).path, f"-arch=sm_{SM['capability']}a", "-v", ptx,
-         "-o", os.path.join(folder, "kernel.cubin")],
+        [compiler.get_ptxas(capability).path, f"-arch=sm_{capability}a", "-v", ptx, "-o",
+         os.path.join(folder, "kernel.cubin")],
         capture_output=True, text=True, check=True).stderr
   stack, stores, loads = (int(n) for n in _PTXAS["stack"].search(report).groups())
   return {"registers": int(_PTXAS["registers"].search(report).group(1)), "spill_stores": stores,
           "spill_loads": loads, "stack": stack, "shared": kernel.metadata.shared}
-
-
-def programs_per_sm(registers: int, shared: int, num_warps: int) -> int:
-  """Programs an SM holds at once: registers go to a warp in units of 256."""
-  per_warp = math.ceil(registers * 32 / 256) * 256
-  return min(SM["registers"] // (per_warp * num_warps),
-             SM["shared_bytes"] // max(shared, 1), SM["warps"] // num_warps, SM["programs"])
 
 
 def main(argv):
@@ -146,15 +128,15 @@ def main(argv):
     spec = envs.make_jax_environment(experiment.env).spec
     widths = [math.prod(spec.observations.shape), *config.hidden_sizes,
               specs.check_discrete_actions(spec, experiment.env)]
-    fused_loss.check_input(spec, config.torso, config.hidden_sizes, config.batch_size,
-                           config.double_q, config.huber_delta, experiment.env)
+    # A network or loss the kernel does not compute: the run's own one-line refusal.
+    DQNBuilder(dataclasses.replace(config, fused_loss=True)).make_networks(spec, experiment.env)
   except (ConfigError, ValueError) as error:
     harness.bad_input(f"error: {cli.error_line(error)}")
   table = harness.PrintedTable(
       ["warps", "batch rows per block", "registers per thread", "spill stores, loads (bytes "
        "per thread)", "stack frame (bytes)", "shared memory (KiB)", "programs per SM"],
       summary=harness.jax_here())
-  saved = fused_loss.NUM_WARPS, fused_loss.ROW_BLOCK
+  saved = fused_loss.ROW_BLOCK
   try:
     for row_block in blocks:
       fused_loss.ROW_BLOCK = row_block
@@ -165,15 +147,16 @@ def main(argv):
         table.add(f"| {num_warps} | {min(row_block, fused_loss.padded(config.batch_size))} | "
                   f"{got['registers']} | {got['spill_stores']:,}, {got['spill_loads']:,} | "
                   f"{got['stack']:,} | {got['shared'] / 1024:.0f} | "
-                  f"{programs_per_sm(got['registers'], got['shared'], num_warps)} |")
+                  f"{gpu_target.programs_per_sm(got['registers'], got['shared'], num_warps)} |")
   finally:
-    fused_loss.NUM_WARPS, fused_loss.ROW_BLOCK = saved
+    fused_loss.ROW_BLOCK = saved
   table.close(
       FLAGS.out or "bench/results/fused_kernel_resources_h200.md",
       f"compared: the fused loss kernel of the run's network (layers {','.join(map(str, widths))}"
       f", batch {config.batch_size}, double_q {config.double_q}) lowered by Pallas for an H200 "
       f"(bench/gpu_targets/h200.txtpb) and compiled by Triton "
-      f"{sys.modules['triton'].__version__} for sm_{SM['capability']} with one pipeline stage, "
+      f"{sys.modules['triton'].__version__} for sm_{gpu_target.SM['capability']} with one "
+      "pipeline stage, "
       "as the kit compiles it; registers, spills and stack from Triton's ptxas -v, shared memory "
       "from Triton; programs per SM: the fewest that its registers (in units of 256 a warp), "
       "shared memory, warps and programs allow.")

@@ -16,7 +16,7 @@ median run, the median ratio of env steps/s (fused over XLA) and how far
 the fused run's parameters ended from XLA's (the largest difference over
 the largest parameter: both train the same math, with their own float
 rounding, and on a GPU with TensorFloat-32 dots, so long runs drift
-apart). First it checks the kernel against XLA's loss on one batch of
+apart). First it checks each kernel against XLA's loss on one batch of
 the run's shapes (loss, TD errors and gradients). On a GPU the kernel
 is compiled with Triton; elsewhere Pallas interprets it, which tests
 this script and times nothing of use.
@@ -106,15 +106,29 @@ def main(argv):
   if not blocks or any(b < 16 or b & (b - 1) for b in blocks):
     harness.bad_input(f"--row_blocks={','.join(FLAGS.row_blocks)}: give powers of two of 16 "
                       "or more (a Triton dot's least side).")
+  # The rows a block holds: the batch's padded rows at most.
+  blocks = [min(b, fused_loss.padded(config.batch_size)) for b in blocks]
+  if len(set(warps)) < len(warps) or len(set(blocks)) < len(blocks):
+    harness.bad_input(f"--num_warps={','.join(FLAGS.num_warps)} --row_blocks="
+                      f"{','.join(FLAGS.row_blocks)}: a kernel is given twice (row blocks "
+                      f"count up to the batch's {fused_loss.padded(config.batch_size)} rows).")
+  kernels = [(w, b) for w in warps for b in blocks]
   try:  # A network or loss the kernel does not compute: the run's own one-line refusal.
     fused_config = dataclasses.replace(config, fused_loss=True)
     env = envs.make_jax_environment(experiment.env)
     networks = DQNBuilder(fused_config).make_networks(env.spec, experiment.env)
   except ValueError as error:
     harness.bad_input(cli.flag_terms(error))
-  with xla_setup.prng_impl(experiment.prng_impl):
-    errors = one_batch_error(fused_config, networks, env.spec)
-  kernels = [(w, b) for w in warps for b in blocks]
+  errors = {}
+  saved = fused_loss.NUM_WARPS, fused_loss.ROW_BLOCK
+  try:
+    for kernel in kernels:  # The largest difference over the kernels.
+      fused_loss.NUM_WARPS, fused_loss.ROW_BLOCK = kernel
+      with xla_setup.prng_impl(experiment.prng_impl):
+        for name, value in one_batch_error(fused_config, networks, env.spec).items():
+          errors[name] = max(value, errors.get(name, 0.0))
+  finally:
+    fused_loss.NUM_WARPS, fused_loss.ROW_BLOCK = saved
   names = ["XLA's loss"] + [f"fused, {w} warps" + (f", {b} rows" if len(blocks) > 1 else "")
                             for w, b in kernels]
   table = harness.PrintedTable(
@@ -158,7 +172,7 @@ def main(argv):
       f"in turn, {FLAGS.repeats} timed rounds per seed count after a warm-up round; the best "
       "kernel's median ratio of env steps/s, fused over XLA: "
       + ", ".join(f"{n} seed(s) {m:.2f}x" for n, m in zip(counts, medians)) + ". One batch of "
-      f"the run's shapes ({config.batch_size} transitions), the kernel against XLA's loss, "
+      f"the run's shapes ({config.batch_size} transitions), each kernel against XLA's loss, "
       "largest difference over XLA's largest value: "
       + ", ".join(f"{name} {value:.1e}" for name, value in errors.items()) + ".")
 

@@ -33,7 +33,9 @@
 # BUNDLE         a .tar.gz file that the tables, step outputs, log and runs' summary.json files
 #                under $OUT are packed into after every step and at the end (the checkpoints
 #                stay out), for a GPU host that hands back only a few files or one folder, e.g.
-#                `BUNDLE=/results/gpu_all.tar.gz OUT=/tmp/gpu_all bash bench/gpu_all.sh`
+#                `BUNDLE=/results/gpu_all.tar.gz OUT=/tmp/gpu_all bash bench/gpu_all.sh`; name a
+#                file outside OUT (the shell expands `$OUT` in BUNDLE=$OUT/... with the OUT of
+#                the assignments before it on the line)
 # Every step's output is in $OUT/<step>.txt, its tail in $OUT/log.txt, its table in $OUT/*.md.
 set -u
 START=$(date +%s)
@@ -44,7 +46,10 @@ CFG=launch/configs/cartpole_anakin_purejaxrl.cfg
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 if [ -n "${BUNDLE:-}" ]; then
-  mkdir -p "$(dirname "$BUNDLE")"
+  if ! mkdir -p "$(dirname "$BUNDLE")" || [ ! -w "$(dirname "$BUNDLE")" ]; then
+    echo "BUNDLE=$BUNDLE: cannot write to $(dirname "$BUNDLE")" | tee -a "$OUT/log.txt"
+    exit 2
+  fi
   BUNDLE=$(cd "$(dirname "$BUNDLE")" && pwd)/$(basename "$BUNDLE")  # Steps run elsewhere.
 fi
 
@@ -56,7 +61,8 @@ bundle() {  # Packs what a reader needs (not the runs' checkpoints), whole or no
 }
 if [ "${WHEELS:-1}" != 0 ] && ls .whl/*.whl > /dev/null 2>&1; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/gpu_all_site .whl/*.whl || { echo "installing .whl/ failed"; exit 1; }
+    --target /tmp/gpu_all_site .whl/*.whl \
+    || { echo "installing .whl/ failed" | tee -a "$OUT/log.txt"; bundle; exit 1; }
   export PYTHONPATH=/tmp/gpu_all_site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}

@@ -8,7 +8,9 @@ not start a GPU: call `placement` before JAX starts its backends.
 """
 
 import contextlib
+import math
 import os
+import re
 from typing import Callable
 
 import jax
@@ -18,6 +20,10 @@ from bench import harness
 GPU_TARGETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_targets")
 # The device `placement` places on, as an abstract mesh (None: this host's devices).
 TARGET_MESH = None
+# An H200's (and H100's) SM: compute capability 9.0.
+SM = {"capability": 90, "registers": 65536, "shared_bytes": 228 * 1024, "warps": 64,
+      "programs": 32}
+_LOCATION = re.compile(r' \[unknown\]| "[^"\n]*"\(#loc\d+\)| loc\(#loc\d+\)')
 
 
 def placement(target: str) -> Callable:
@@ -51,3 +57,20 @@ def lowered(fn, *args):
             else jax.sharding.use_abstract_mesh(TARGET_MESH))
   with target:
     return jax.jit(fn).lower(*args)
+
+
+def triton_module(printed: str) -> str:
+  """The Triton module in what `pallas_call(debug=True)` printed, with its locations taken out
+  (they print as annotations that MLIR's parser does not read)."""
+  start = printed.index("module @")
+  lines = [line for line in printed[start:].splitlines()
+           if not line.startswith(("#loc", " at #loc"))]
+  text = "\n".join(lines)
+  return _LOCATION.sub("", text[:text.rindex("\n}") + 2]) + "\n"
+
+
+def programs_per_sm(registers: int, shared: int, num_warps: int) -> int:
+  """Programs an SM holds at once: registers go to a warp in units of 256."""
+  per_warp = math.ceil(registers * 32 / 256) * 256
+  return min(SM["registers"] // (per_warp * num_warps),
+             SM["shared_bytes"] // max(shared, 1), SM["warps"] // num_warps, SM["programs"])

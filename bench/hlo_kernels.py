@@ -110,6 +110,7 @@ flags.DEFINE_string("out", None, "Markdown table to write ('' : none; default "
                     "backend>.md, with _<n>_seeds before .md for --num_seeds=n above 1).")
 FLAGS = flags.FLAGS
 
+
 def _compiled_text(fn, *args) -> str:
   """The optimized HLO of `fn` compiled for `args`' device (see `gpu_target.lowered`)."""
   return gpu_target.lowered(fn, *args).compile().as_text()

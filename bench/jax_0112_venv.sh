@@ -15,7 +15,7 @@
 #            (from .whl/, which bench/gpu_wheels.sh fetches when it is missing) and JAX's CUDA
 #            plugin, for --target=h200 alone, to $VENV/cuda
 # Besides JAX, the virtualenv holds the packages the kit takes from a GPU image that has JAX,
-# flax, optax, chex, orbax, matplotlib and seaborn, and the image's Triton (3.6.0), with which
+# flax, optax, chex, orbax, matplotlib and seaborn, and Triton 3.6.0, with which
 # bench/fused_kernel_resources.py builds the fused loss kernel.
 set -eu
 PY312=${PYTHON312:-python3.12}

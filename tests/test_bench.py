@@ -682,12 +682,13 @@ def test_the_compile_time_bench_times_three_schedules_of_the_run_dqn_build(tmp_p
     ("fused_loss", ["--num_warps=0"], "--num_warps=0: give whole numbers of 1 or more."),
     ("fused_loss", ["--row_blocks=48"], "--row_blocks=48: give powers of two of 16 or more"),
     ("fused_loss", ["--row_blocks=8"], "--row_blocks=8: give powers of two of 16 or more"),
+    ("fused_loss", ["--num_warps=8,8"], "a kernel is given twice"),
+    # 256 rows hold the batch of 128 in one block, as 128 do.
+    ("fused_loss", ["--row_blocks=128,256"], "a kernel is given twice (row blocks count up to"),
     ("fused_loss", ["--dueling"], "--fused_loss=True: its kernel computes Q-learning"),
     ("fused_loss", ["--env=gymnax:Breakout-MinAtar"], "take a conv torso under --torso=auto"),
     ("fused_kernel_resources", ["--num_warps=3"], "--num_warps=3: give powers of two."),
     ("fused_kernel_resources", ["--row_blocks=48"], "--row_blocks=48: give powers of two of 16"),
-    # The project's environment has no triton (bench/jax_0112_venv.sh's virtualenv has).
-    ("fused_kernel_resources", [], "no `triton` package here: bench/jax_0112_venv.sh makes"),
     ("anakin_floor", ["--reference", "--double_q"],
      "--reference: the hand-written learner is plain DQN; drop --double_q"),
     ("anakin_floor", ["--reference", "--env=gymnax:Breakout-MinAtar"],
@@ -1051,3 +1052,57 @@ def test_gpu_all_bundles_tables_logs_and_summaries_but_not_checkpoints(tmp_path)
                    os.path.join("runs_default", "cartpole_1_0", "summary.json")], names
   assert "no PureJaxRL checkout" in log and "== done at" in log
   assert not os.path.exists(f"{bundle}.part")
+
+
+def test_fused_kernel_resources_without_triton_is_one_line_and_exit_code_2(tmp_path):
+  """A `triton` that cannot be imported (a stand-in package that raises, as where none is
+  installed) gets one line naming the virtualenv that has it, before anything compiles."""
+  (tmp_path / "triton").mkdir()
+  (tmp_path / "triton" / "__init__.py").write_text("raise ImportError('no triton')\n")
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT])}
+  result = subprocess.run(
+      [sys.executable, "-m", "bench.fused_kernel_resources",
+       "--flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg"],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2, result.stderr[-400:]
+  assert "no `triton` package here: bench/jax_0112_venv.sh makes" in result.stderr, result.stderr
+
+
+def test_programs_per_sm_takes_the_scarcest_of_registers_shared_memory_and_warps():
+  """Hand-counted for an SM of 65,536 registers, 228 KiB of shared memory and 64 warps."""
+  from bench import gpu_target  # pylint: disable=import-outside-toplevel
+  # 255 registers round up to 256 a thread: 8,192 a warp, 8 warps take all 65,536.
+  assert gpu_target.programs_per_sm(255, 128 * 1024, 8) == 1
+  # 4 warps take 32,768 registers: two programs, and 2 x 80 KiB of shared memory fit.
+  assert gpu_target.programs_per_sm(255, 80 * 1024, 4) == 2
+  # Few registers: shared memory limits (228 // 64 = 3), then warps (64 // 16 = 4).
+  assert gpu_target.programs_per_sm(32, 64 * 1024, 4) == 3
+  assert gpu_target.programs_per_sm(32, 1024, 16) == 4
+  # 130 registers round up to 136 (units of 256 a warp): 4,352 a warp, 15 warps' worth.
+  assert gpu_target.programs_per_sm(130, 1024, 1) == 15
+
+
+def test_triton_module_takes_the_module_out_of_pallas_debug_print():
+  """What `pallas_call(debug=True)` prints: the kernel's jaxpr, then the module with location
+  annotations and `#loc` lines, which MLIR's parser does not read."""
+  from bench import gpu_target  # pylint: disable=import-outside-toplevel
+  printed = (
+      "The kernel jaxpr for pallas_call k:\n{ lambda ; a:f32[]. let  in () }\n"
+      "The Triton module for pallas_call k:\n"
+      "module @k {\n"
+      "  tt.func public @k(%arg0: !tt.ptr<f32> {tt.divisibility = 32 : i32} [unknown]) {\n"
+      '    %c0 = arith.constant 0 : i32 "masked_load:"(#loc3)\n'
+      "    %1 = arith.addi %c0, %c0 : i32 loc(#loc4)\n"
+      "    tt.return [unknown]\n"
+      "  }\n"
+      "}\n"
+      "#loc3 = /work/kernel.py:1:2 to :3\n"
+      " at #loc3\n")
+  assert gpu_target.triton_module(printed) == (
+      "module @k {\n"
+      "  tt.func public @k(%arg0: !tt.ptr<f32> {tt.divisibility = 32 : i32}) {\n"
+      "    %c0 = arith.constant 0 : i32\n"
+      "    %1 = arith.addi %c0, %c0 : i32\n"
+      "    tt.return\n"
+      "  }\n"
+      "}\n")
