@@ -19,9 +19,8 @@ through its L1 cache.
 It needs what bench/hlo_kernels.py --target=h200 needs (JAX's CUDA plugin
 of this jax version, bench/gpu_target.py) and the `triton` package:
 bench/jax_0112_venv.sh makes a virtualenv with both (jax 0.11.2, Triton
-3.6.0). XLA builds the kernel
-with a Triton of its own; for the PureJaxRL preset that build asked for
-the same shared memory as this one, 128 KiB
+3.6.0). XLA builds the kernel with a Triton of its own; for the PureJaxRL
+preset that build asked for the same shared memory as this one, 128 KiB
 (bench/results/fused_kernel_xla_thunk_h200.txt).
 """
 
@@ -156,8 +155,8 @@ def main(argv):
       f", batch {config.batch_size}, double_q {config.double_q}) lowered by Pallas for an H200 "
       f"(bench/gpu_targets/h200.txtpb) and compiled by Triton "
       f"{sys.modules['triton'].__version__} for sm_{gpu_target.SM['capability']} with one "
-      "pipeline stage, "
-      "as the kit compiles it; registers, spills and stack from Triton's ptxas -v, shared memory "
+      "pipeline stage, as the kit compiles it; registers, spills and stack from Triton's ptxas "
+      "-v, shared memory "
       "from Triton; programs per SM: the fewest that its registers (in units of 256 a warp), "
       "shared memory, warps and programs allow.")
 
