@@ -87,7 +87,7 @@ def programs(experiment, config, num_seeds: int, variants=None):
   def build(items: bool, selects: Optional[bool]):
     """(trainer, compiled init, state shape), once per replay item layout and scatter form."""
     if selects is None:  # The run's own form for this backend.
-      selects = xla_setup.target_platform() != "cpu"
+      selects = env.uses_selects()
     if (items, selects) not in built:
       trainer = builder.make_anakin(env._replace(scatters_as_selects=selects), networks,
                                     experiment.eval_episodes, packed_items=items)

@@ -40,11 +40,14 @@ class GymnaxEnv(NamedTuple):
   max_episode_steps: int
   scatters_as_selects: Optional[bool] = None
 
+  def uses_selects(self) -> bool:
+    """Whether a program traced now steps with selects (`scatters_as_selects`, resolved)."""
+    if self.scatters_as_selects is None:
+      return xla_setup.target_platform() != "cpu"
+    return self.scatters_as_selects
+
   def _compiled_form(self, fn):
-    selects = self.scatters_as_selects
-    if selects is None:  # Read as the program is traced.
-      selects = xla_setup.target_platform() != "cpu"
-    return scatters_as_selects(fn) if selects else fn
+    return scatters_as_selects(fn) if self.uses_selects() else fn  # Read as it is traced.
 
   def step(self, key, state, action):
     """(observation, state, reward, terminated, truncated, info): gymnax's `step`, which

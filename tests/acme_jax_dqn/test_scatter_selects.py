@@ -195,8 +195,8 @@ def test_by_default_an_accelerator_program_has_the_selects_and_a_cpu_one_gymnaxs
                     for flag in (False, True))
   assert selects[0] < plain[0] and selects[1] < plain[1]
   with xla_setup.building_for("cpu"):
-    assert _step_and_reset_scatters(env) == plain
+    assert _step_and_reset_scatters(env) == plain and not env.uses_selects()
   with xla_setup.building_for("gpu"):
-    assert _step_and_reset_scatters(env) == selects
+    assert _step_and_reset_scatters(env) == selects and env.uses_selects()
   with xla_setup.building_for("tpu"):
     assert _step_and_reset_scatters(env) == selects
