@@ -17,12 +17,9 @@ program of the grid); elsewhere Pallas interprets it, for tests. Array
 sizes in a Triton kernel are powers of two, so each dimension is padded
 inside the kernel (the padded rows, columns and actions are masked to
 zero, or to -inf where actions are maximised), and a dot's sides are at
-least 16. Triton reads and writes a block at its array's strides, past
-the array's edges, so every read and write is masked to the array.
-Batches of more than `ROW_BLOCK` rows go through in blocks whose
-gradients add up. The dots are Triton's, at its default precision for
-float32 (TensorFloat-32 on GPUs that have it, as XLA's default precision
-for float32 matmuls on those GPUs).
+least 16; every read and write is masked to its array (`_load`). The
+dots are Triton's, at its default precision for float32 (TensorFloat-32
+on GPUs that have it, as XLA's default precision for float32 matmuls).
 
 `jax.value_and_grad` of the loss takes the kernel's gradient
 (`jax.custom_vjp`): the learner step (`learning.make_sgd_step`), the
@@ -115,11 +112,8 @@ def _inside(shape, bounds):
 
 
 def _load(ref, bounds, index=None):
-  """`ref[index]`, a padded block, with 0 past `bounds` (the array's extent on each axis).
-
-  Triton reads a block at the array's strides and does not stop at its
-  edges: every read and write of the kernel is masked to the array.
-  """
+  """`ref[index]`, a padded block, with 0 past `bounds` (the array's extent on each axis):
+  Triton reads a block at the array's strides, past its edges unless masked."""
   view = ref if index is None else ref.at[index]
   return pltriton.load(view, mask=_inside(view.shape, bounds), other=0)
 
@@ -136,10 +130,6 @@ def _store(ref, value, bounds, index=None):
 # of arrays whose NaNs are made infinities first, so a NaN still ends as a non-finite loss.
 def _relu(x):
   return jnp.where(x < 0.0, 0.0, x)  # NaN < 0 is false: NaN stays.
-
-
-def _clip(x, bound: float):
-  return jnp.where(x > bound, bound, jnp.where(x < -bound, -bound, x))
 
 
 def _larger(a, b):
@@ -169,8 +159,10 @@ def _kernel(*refs, sizes: Sequence[int], batch_size: int, double_q: bool,
             huber_delta: float, row_block: int):
   """One seed's loss, TD errors, metrics and gradients (see the module doc).
 
-  The batch goes through in blocks of `row_block` rows, so that fewer
-  activations are live at once; the gradients add up over the blocks.
+  The batch goes through in blocks of `row_block` rows, so that fewer activations are live
+  at once; the gradients add up over the blocks. A batch of one block writes each layer's
+  gradient as backpropagation reaches it, so that no gradient stays in registers beside the
+  next layer's (fewer spills: bench/fused_kernel_resources.py).
   """
   num_layers, num_actions = len(sizes) - 1, sizes[-1]
   obs_ref, next_obs_ref, action_ref, reward_ref, discount_ref, weight_ref, mask_ref = refs[:7]
@@ -194,9 +186,9 @@ def _kernel(*refs, sizes: Sequence[int], batch_size: int, double_q: bool,
 
   count = _larger(jnp.sum(_load(mask_ref, (batch_size,))), 1.0)
 
-  def one_block(index, carry):
+  def one_block(index, carry, write=None):
     totals, grads = carry
-    first_row = pl.multiple_of(index * row_block, row_block)
+    first_row = index * row_block if write else pl.multiple_of(index * row_block, row_block)
     block = pl.ds(first_row, row_block)
     rows_left = batch_size - first_row  # Rows of this block at or past it are padding.
     row = _iota((row_block,), 0) < rows_left
@@ -227,7 +219,7 @@ def _kernel(*refs, sizes: Sequence[int], batch_size: int, double_q: bool,
     if huber_delta > 0:  # rlax.huber_loss and its derivative.
       quadratic = _smaller(jnp.abs(td), huber_delta)
       per_example = 0.5 * quadratic * quadratic + huber_delta * (jnp.abs(td) - quadratic)
-      slope = _clip(td, huber_delta)
+      slope = jnp.where(td > huber_delta, huber_delta, _larger(td, -huber_delta))
     else:  # rlax.l2_loss.
       per_example, slope = 0.5 * td * td, td
     totals = (totals[0] + jnp.sum(per_example * scale), totals[1] + jnp.sum(td * block_mask),
@@ -239,25 +231,44 @@ def _kernel(*refs, sizes: Sequence[int], batch_size: int, double_q: bool,
     grad = jnp.where(taken, -(slope * scale / count)[:, None], 0.0)
     grads = list(grads)
     for i in reversed(range(num_layers)):
-      grads[2 * i] += pltriton.dot(inputs[i], grad, trans_a=True)
-      grads[2 * i + 1] += jnp.sum(grad, axis=0)
+      layer = (pltriton.dot(inputs[i], grad, trans_a=True), jnp.sum(grad, axis=0))
+      if write:  # The batch's one block: out now.
+        write(i, *layer)
+      else:
+        grads[2 * i:2 * i + 2] = [g + d for g, d in zip(grads[2 * i:2 * i + 2], layer)]
       if i:
         back = pltriton.dot(grad, weight(online_refs, i), trans_b=True)
         grad = jnp.where(inputs[i] > 0.0, back, 0.0)
     return totals, tuple(grads)
 
-  zeros = tuple(jnp.zeros(ref.shape, jnp.float32) for ref in grad_refs)
-  start = (0.0, 0.0, 0.0, 0.0, jnp.inf, -jnp.inf)
+  start = tuple(jnp.float32(x) for x in (0.0, 0.0, 0.0, 0.0, jnp.inf, -jnp.inf))
   num_blocks = -(-batch_size // row_block)  # None of padding alone.
-  totals, grads = jax.lax.fori_loop(0, num_blocks, one_block,
-                                    (tuple(jnp.float32(x) for x in start), zeros))
-  for i in range(num_layers):
-    _store(grad_refs[2 * i], grads[2 * i], (sizes[i], sizes[i + 1]))
-    _store(grad_refs[2 * i + 1], grads[2 * i + 1], (sizes[i + 1],))
+  squares = []
+
+  def write(i, w_grad, b_grad):
+    _store(grad_refs[2 * i], w_grad, (sizes[i], sizes[i + 1]))
+    _store(grad_refs[2 * i + 1], b_grad, (sizes[i + 1],))
+    squares.extend([jnp.sum(w_grad * w_grad), jnp.sum(b_grad * b_grad)])
+
+  if num_blocks == 1:
+    totals, _ = one_block(0, (start, (None,) * len(grad_refs)), write)
+  else:
+    zeros = tuple(jnp.zeros(ref.shape, jnp.float32) for ref in grad_refs)
+    totals, grads = jax.lax.fori_loop(0, num_blocks, one_block, (start, zeros))
+    for i in range(num_layers):
+      write(i, grads[2 * i], grads[2 * i + 1])
   loss, td_sum, td_abs_sum, q_sum, q_min, q_max = totals
   _store(stats_ref, _stat_vector(  # The gradient's padding is 0 (masked inputs and weights).
       (loss / count, td_sum / count, td_abs_sum / count, q_sum / (batch_size * num_actions),
-       q_min, q_max, sum(jnp.sum(g * g) for g in grads)), stats_ref.shape[0]), (len(STATS),))
+       q_min, q_max, sum(squares)), stats_ref.shape[0]), (len(STATS),))
+
+
+def _f32(*shape):
+  return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+
+def _layers_f32(layer_shapes):  # Each layer's weights and biases.
+  return [x for w in layer_shapes for x in (_f32(*w), _f32(w[1]))]
 
 
 def _full(shape):
@@ -269,14 +280,9 @@ def _run_kernel(arrays, layer_shapes, batch_size: int, double_q: bool, huber_del
                 interpret: bool):
   """The kernel on one seed's arrays: (metrics [len(STATS)], td [B], (w, b) gradients per layer)."""
   sizes = [layer_shapes[0][0]] + [w[1] for w in layer_shapes]
-  out_shapes = [jax.ShapeDtypeStruct((len(STATS),), jnp.float32),
-                jax.ShapeDtypeStruct((batch_size,), jnp.float32)]
-  for shape in layer_shapes:
-    out_shapes += [jax.ShapeDtypeStruct(shape, jnp.float32),
-                   jax.ShapeDtypeStruct((shape[1],), jnp.float32)]
-  compiler_params = None
-  if not interpret:
-    compiler_params = pltriton.CompilerParams(num_warps=NUM_WARPS, num_stages=1)
+  out_shapes = [_f32(len(STATS)), _f32(batch_size), *_layers_f32(layer_shapes)]
+  compiler_params = (None if interpret else
+                     pltriton.CompilerParams(num_warps=NUM_WARPS, num_stages=1))
   kernel = functools.partial(_kernel, sizes=tuple(sizes), batch_size=batch_size,
                              double_q=double_q, huber_delta=huber_delta,
                              row_block=min(ROW_BLOCK, padded(batch_size)))
@@ -306,11 +312,9 @@ def check_fits(observation_size: int, hidden_sizes: Sequence[int], num_actions: 
       return
     compile_kernel = lambda fn, *shapes: jax.jit(fn).lower(*shapes).compile()  # noqa: E731
   layer_shapes = list(zip(widths[:-1], widths[1:]))
-  f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)  # noqa: E731
-  arrays = [f32(batch_size, observation_size), f32(batch_size, observation_size),
-            jax.ShapeDtypeStruct((batch_size,), jnp.int32), *[f32(batch_size)] * 4]
-  for _ in range(2):  # Online and target.
-    arrays += [x for w in layer_shapes for x in (f32(*w), f32(w[1]))]
+  arrays = [_f32(batch_size, observation_size), _f32(batch_size, observation_size),
+            jax.ShapeDtypeStruct((batch_size,), jnp.int32), *[_f32(batch_size)] * 4,
+            *_layers_f32(layer_shapes) * 2]  # Online and target.
   try:
     compile_kernel(lambda *a: _run_kernel(a, layer_shapes, batch_size, double_q, huber_delta,
                                           interpret=False), *arrays)
@@ -337,18 +341,14 @@ def _loss_and_stats(options: Tuple[Any, ...], online, target, batch_arrays):
 
 def _loss_fwd(options, online, target, batch_arrays):
   layer_shapes = [w.shape for w, _ in online]
-  stats, td, *grads = _run_kernel(
-      [*batch_arrays, *[x for layer in online for x in layer],
-       *[x for layer in target for x in layer]],
-      layer_shapes, batch_arrays[0].shape[0], *options)
-  grads = [(grads[2 * i], grads[2 * i + 1]) for i in range(len(online))]
-  return (stats, td), grads
+  stats, td, *grads = _run_kernel([*batch_arrays, *jax.tree.leaves((online, target))],
+                                   layer_shapes, batch_arrays[0].shape[0], *options)
+  return (stats, td), list(zip(grads[::2], grads[1::2]))
 
 
 def _loss_bwd(options, grads, cotangents):
   del options
-  stats_cotangent, _ = cotangents  # The TD errors and the metrics are not differentiated.
-  scale = stats_cotangent[0]
+  scale = cotangents[0][0]  # The loss's; the TD errors and the metrics are not differentiated.
   return (jax.tree.map(lambda g: g * scale, grads), None, None)
 
 
