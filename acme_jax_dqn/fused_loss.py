@@ -1,25 +1,22 @@
 """Q-learning's TD loss of an MLP Q-network, and its gradient, in one Pallas kernel.
 
 `FusedQLearningLoss` computes what `losses.QLearningLoss` computes for the
-plain Q-network (an MLP torso with ReLUs and a linear Q head; no dueling,
-distributional, quantile, noisy or LayerNorm layers): the online network's
-Q-values, the target network's (and with `double_q` the online network's)
-on the next observations, the TD errors, the weighted Huber or squared
-loss, its metrics, and the loss's gradient with respect to the online
-parameters, written out by hand (backpropagation through the MLP). The
-whole batch, the weights and every activation stay in the kernel: the XLA
-path writes each layer's activations and their gradients to the device's
-memory and reads them back, which for many seeds (a vmap of the learner
-step) is most of a learning step's memory traffic.
+plain Q-network (an MLP torso with ReLUs and a linear Q head): the online
+network's Q-values, the target network's (and with `double_q` the online
+network's) on the next observations, the TD errors, the weighted Huber or
+squared loss, its metrics, and the loss's gradient with respect to the
+online parameters, by backpropagation written out by hand. The batch, the
+weights and every activation stay in the kernel, where the XLA path writes
+each layer's activations and their gradients to the device's memory and
+reads them back: for many seeds, most of a learning step's memory traffic.
 
 On a GPU it is one Triton kernel per seed (`jax.vmap` gives each seed a
-program of the grid); elsewhere Pallas interprets it, for tests. Array
-sizes in a Triton kernel are powers of two, so each dimension is padded
-inside the kernel (the padded rows, columns and actions are masked to
-zero, or to -inf where actions are maximised), and a dot's sides are at
-least 16; every read and write is masked to its array (`_load`). The
-dots are Triton's, at its default precision for float32 (TensorFloat-32
-on GPUs that have it, as XLA's default precision for float32 matmuls).
+program of the grid); elsewhere Pallas interprets it, for tests. Triton's
+array sizes are powers of two, so each dimension is padded in the kernel
+(padded rows, units and actions masked to zero, or to -inf where actions
+are maximised) and a dot's sides are at least 16; every read and write is
+masked to its array (`_load`). The dots are Triton's, at its default
+precision for float32 (TensorFloat-32 on GPUs that have it, as XLA's).
 
 `jax.value_and_grad` of the loss takes the kernel's gradient
 (`jax.custom_vjp`): the learner step (`learning.make_sgd_step`), the
@@ -159,10 +156,11 @@ def _kernel(*refs, sizes: Sequence[int], batch_size: int, double_q: bool,
             huber_delta: float, row_block: int):
   """One seed's loss, TD errors, metrics and gradients (see the module doc).
 
-  The batch goes through in blocks of `row_block` rows, so that fewer activations are live
-  at once; the gradients add up over the blocks. A batch of one block writes each layer's
-  gradient as backpropagation reaches it, so that no gradient stays in registers beside the
-  next layer's (fewer spills: bench/fused_kernel_resources.py).
+  Activations are held transposed, [units, rows]: every product has a layer's units or
+  the rows as its first side and transposes in shared memory, not in registers. The batch
+  goes through in blocks of `row_block` rows, whose gradients add up; a batch of one block
+  writes each layer's gradient as backpropagation reaches it. Both keep fewer values live
+  in registers (bench/fused_kernel_resources.py counts the spills).
   """
   num_layers, num_actions = len(sizes) - 1, sizes[-1]
   obs_ref, next_obs_ref, action_ref, reward_ref, discount_ref, weight_ref, mask_ref = refs[:7]
@@ -170,19 +168,20 @@ def _kernel(*refs, sizes: Sequence[int], batch_size: int, double_q: bool,
   target_refs = refs[7 + 2 * num_layers:7 + 4 * num_layers]
   stats_ref, td_ref, *grad_refs = refs[7 + 4 * num_layers:]
 
-  def weight(param_refs, i):  # Read where it is used: fewer values live at once.
-    return _load(param_refs[2 * i], (sizes[i], sizes[i + 1]))
+  def param(param_refs, i, part=0):  # Layer i's weights (0) or biases (1), read where used.
+    return _load(param_refs[2 * i + part], (sizes[i], sizes[i + 1])[part:])
 
   def forward(param_refs, x):
-    """The Q-values and each layer's input (for backpropagation)."""
-    inputs = []
-    for i in range(num_layers):
+    """The Q-values [actions, rows] and each layer's input: the rows' observations [rows,
+    inputs], then each hidden layer's output [units, rows]."""
+    inputs = [x]
+    for i in range(num_layers - 1):
+      x = _relu(pltriton.dot(param(param_refs, i), x, trans_a=True, trans_b=not i)
+                + param(param_refs, i, 1)[:, None])
       inputs.append(x)
-      x = pltriton.dot(x, weight(param_refs, i)) + _load(param_refs[2 * i + 1],
-                                                         (sizes[i + 1],))[None, :]
-      if i < num_layers - 1:
-        x = _relu(x)
-    return x, inputs
+    last = num_layers - 1
+    return (pltriton.dot(x, param(param_refs, last), trans_a=last > 0)
+            + param(param_refs, last, 1)[None, :]).T, inputs
 
   count = _larger(jnp.sum(_load(mask_ref, (batch_size,))), 1.0)
 
@@ -192,8 +191,8 @@ def _kernel(*refs, sizes: Sequence[int], batch_size: int, double_q: bool,
     block = pl.ds(first_row, row_block)
     rows_left = batch_size - first_row  # Rows of this block at or past it are padding.
     row = _iota((row_block,), 0) < rows_left
-    columns = _iota((row_block, padded(num_actions)), 1)
-    valid = row[:, None] & (columns < num_actions)
+    actions = _iota((padded(num_actions), row_block), 0)
+    valid = row[None, :] & (actions < num_actions)
     # The bootstrap values first: the target (and selector) network's activations are gone
     # before the online network's, kept for backpropagation, are made.
     rows, obs_bounds = (rows_left,), (rows_left, sizes[0])
@@ -203,14 +202,14 @@ def _kernel(*refs, sizes: Sequence[int], batch_size: int, double_q: bool,
       # A NaN counts as the largest value, as jnp.argmax takes it (rlax.double_q_learning).
       selector = jnp.where(valid, forward(online_refs, next_obs)[0], -jnp.inf)
       selector = jnp.where(jnp.isnan(selector), jnp.inf, selector)
-      best = _max(selector, axis=1)
-      first = jnp.min(jnp.where(selector == best[:, None], columns, num_actions), axis=1)
-      bootstrap = jnp.sum(jnp.where(columns == first[:, None], q_t, 0.0), axis=1)
+      best = _max(selector, axis=0)
+      first = jnp.min(jnp.where(selector == best[None, :], actions, num_actions), axis=0)
+      bootstrap = jnp.sum(jnp.where(actions == first[None, :], q_t, 0.0), axis=0)
     else:
-      bootstrap = _max(jnp.where(valid, q_t, -jnp.inf), axis=1)
+      bootstrap = _max(jnp.where(valid, q_t, -jnp.inf), axis=0)
     q_tm1, inputs = forward(online_refs, _load(obs_ref, obs_bounds, (block, slice(None))))
-    taken = valid & (columns == _load(action_ref, rows, block)[:, None])
-    q_taken = jnp.sum(jnp.where(taken, q_tm1, 0.0), axis=1)
+    taken = valid & (actions == _load(action_ref, rows, block)[None, :])
+    q_taken = jnp.sum(jnp.where(taken, q_tm1, 0.0), axis=0)
     td = jnp.where(row, _load(reward_ref, rows, block)
                    + _load(discount_ref, rows, block) * bootstrap - q_taken, 0.0)
     _store(td_ref, td, rows, block)
@@ -228,16 +227,17 @@ def _kernel(*refs, sizes: Sequence[int], batch_size: int, double_q: bool,
               _smaller(totals[4], _min(jnp.where(valid, q_tm1, jnp.inf))),
               _larger(totals[5], _max(jnp.where(valid, q_tm1, -jnp.inf))))
     # d loss / d q_tm1: only the taken action's Q-value, through -td.
-    grad = jnp.where(taken, -(slope * scale / count)[:, None], 0.0)
+    grad = jnp.where(taken, -(slope * scale / count)[None, :], 0.0)  # Then [units, rows].
     grads = list(grads)
     for i in reversed(range(num_layers)):
-      layer = (pltriton.dot(inputs[i], grad, trans_a=True), jnp.sum(grad, axis=0))
+      layer = (pltriton.dot(inputs[i], grad, trans_b=True) if i else
+               pltriton.dot(grad, inputs[0]).T, jnp.sum(grad, axis=1))
       if write:  # The batch's one block: out now.
         write(i, *layer)
       else:
         grads[2 * i:2 * i + 2] = [g + d for g, d in zip(grads[2 * i:2 * i + 2], layer)]
       if i:
-        back = pltriton.dot(grad, weight(online_refs, i), trans_b=True)
+        back = pltriton.dot(param(online_refs, i), grad)
         grad = jnp.where(inputs[i] > 0.0, back, 0.0)
     return totals, tuple(grads)
 
