@@ -187,7 +187,8 @@ def _kernel(*refs, sizes: Sequence[int], batch_size: int, double_q: bool,
 
   def one_block(index, carry, write=None):
     totals, grads = carry
-    first_row = index * row_block if write else pl.multiple_of(index * row_block, row_block)
+    first_row = (index * row_block if write is not None else
+                 pl.multiple_of(index * row_block, row_block))
     block = pl.ds(first_row, row_block)
     rows_left = batch_size - first_row  # Rows of this block at or past it are padding.
     row = _iota((row_block,), 0) < rows_left
@@ -232,7 +233,7 @@ def _kernel(*refs, sizes: Sequence[int], batch_size: int, double_q: bool,
     for i in reversed(range(num_layers)):
       layer = (pltriton.dot(inputs[i], grad, trans_b=True) if i else
                pltriton.dot(grad, inputs[0]).T, jnp.sum(grad, axis=1))
-      if write:  # The batch's one block: out now.
+      if write is not None:  # The batch's one block: out now.
         write(i, *layer)
       else:
         grads[2 * i:2 * i + 2] = [g + d for g, d in zip(grads[2 * i:2 * i + 2], layer)]
@@ -346,8 +347,7 @@ def _loss_fwd(options, online, target, batch_arrays):
   return (stats, td), list(zip(grads[::2], grads[1::2]))
 
 
-def _loss_bwd(options, grads, cotangents):
-  del options
+def _loss_bwd(_, grads, cotangents):  # The options are the kernel's, not differentiated.
   scale = cotangents[0][0]  # The loss's; the TD errors and the metrics are not differentiated.
   return (jax.tree.map(lambda g: g * scale, grads), None, None)
 

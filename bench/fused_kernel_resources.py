@@ -19,9 +19,10 @@ through its L1 cache.
 It needs what bench/hlo_kernels.py --target=h200 needs (JAX's CUDA plugin
 of this jax version, bench/gpu_target.py) and the `triton` package:
 bench/jax_0112_venv.sh makes a virtualenv with both (jax 0.11.2, Triton
-3.6.0). XLA builds the kernel with a Triton of its own; for the PureJaxRL
-preset that build asked for the same shared memory as this one, 128 KiB
-(bench/results/fused_kernel_xla_thunk_h200.txt).
+3.6.0). XLA builds the kernel with a Triton of its own, whose shared
+memory can differ: for the PureJaxRL preset 72 KiB against this build's
+136 KiB (bench/results/fused_kernel_xla_thunk_h200.txt;
+bench/fused_kernel_fits.py reads XLA's for any network).
 """
 
 import contextlib

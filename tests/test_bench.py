@@ -1068,6 +1068,36 @@ def test_fused_kernel_resources_without_triton_is_one_line_and_exit_code_2(tmp_p
   assert "no `triton` package here: bench/jax_0112_venv.sh makes" in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize("args, expected", [
+    (["--network=4/120,84/2", "--network=4/120/x"],
+     "--network=4/120,84/2 --network=4/120/x: give inputs/hidden/actions"),
+    (["--batch_sizes=0"], "--batch_sizes=0: give positive integers."),
+    (["--double_q=maybe"], "--double_q=maybe: give false, true or both."),
+    # The project's environment has no JAX CUDA plugin: no compiler for the H200 here.
+    ([], "--target=h200: no GPU compiler here"),
+])
+def test_fused_kernel_fits_bad_input_is_one_line_and_exit_code_2(args, expected):
+  result = subprocess.run([sys.executable, "-m", "bench.fused_kernel_fits", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2, result.stderr[-400:]
+  assert expected in result.stderr.strip().splitlines()[-1]
+
+
+def test_fused_kernel_fits_reads_networks_and_xlas_thunk_sequence(tmp_path):
+  from bench import fused_kernel_fits  # pylint: disable=import-outside-toplevel
+  assert fused_kernel_fits.parse_networks(["4/120,84/2", "128/128/16"]) == [
+      (4, (120, 84), 2), (128, (128,), 16)]
+  assert fused_kernel_fits.parse_networks(["4/2"]) is None
+  assert fused_kernel_fits.parse_networks(["4/,/2"]) is None
+  (tmp_path / "module_0001.jit__lambda.thunk_sequence.txt").write_text(
+      "000: kCopy [source | sink] something\n"
+      "001: kCustomKernel [source | sink] fused_q_learning_loss grid: [1, 1, 1] threads: "
+      "[256, 1, 1]  shared_memory: 73728 bytes\n")
+  assert fused_kernel_fits.thunk_shared_bytes(str(tmp_path)) == 73728
+  with pytest.raises(ValueError, match="no fused_q_learning_loss kernel"):
+    fused_kernel_fits.thunk_shared_bytes(str(tmp_path / "nothing"))
+
+
 def test_programs_per_sm_takes_the_scarcest_of_registers_shared_memory_and_warps():
   """Hand-counted for an SM of 65,536 registers, 228 KiB of shared memory and 64 warps."""
   from bench import gpu_target  # pylint: disable=import-outside-toplevel

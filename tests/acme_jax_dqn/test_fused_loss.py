@@ -79,6 +79,9 @@ def _assert_same(reference, fused, rtol=2e-5, atol=1e-6):
     (6, (20,), 5, 7),  # Fewer rows than a block: most of the block is padding.
     (17, (33, 40, 9), 3, 200),  # Two blocks, the second mostly padding; three hidden layers.
     (3, (16,), 2, 300),  # Three blocks of 128, the last with 44 rows.
+    (17, (33, 40, 9), 3, 100),  # One block, three hidden layers.
+    (5, (), 3, 7),  # No hidden layer: the Q head on the observations, one block.
+    (5, (), 3, 200),  # No hidden layer, two blocks.
 ])
 def test_the_kernel_computes_rlax_q_learning_and_its_gradient(double_q, huber_delta, shape):
   net, online, target, batch, weights, mask = _problem(*shape)
@@ -127,19 +130,22 @@ def test_double_q_breaks_ties_as_rlax_does_with_the_first_greedy_action():
 
 @pytest.mark.parametrize("field", ["observation", "next_observation"])
 @pytest.mark.parametrize("double_q", [False, True])
-def test_a_nan_input_gives_a_non_finite_loss_as_xlas_loss_does(field, double_q):
+@pytest.mark.parametrize("batch_size, nan_row", [(16, 5), (200, 150)])  # One block; the second.
+def test_a_nan_input_gives_a_non_finite_loss_as_xlas_loss_does(field, double_q, batch_size,
+                                                               nan_row):
   """A NaN must reach the loss, so that the learner's non-finite guard skips the update:
   Triton's float max and min drop NaNs, so the kernel's ReLU, maxima and clips are selects."""
-  net, online, target, batch, weights, mask = _problem(4, (16,), 3, 16)
-  mask = np.ones(16, np.float32)
+  net, online, target, batch, weights, mask = _problem(4, (16,), 3, batch_size)
+  mask = np.ones(batch_size, np.float32)
   values = np.array(getattr(batch, field))
-  values[5, 2] = np.nan
+  values[nan_row, 2] = np.nan
   batch = batch._replace(**{field: values})
   for loss in (losses.QLearningLoss(double_q=double_q),
                fused_loss.FusedQLearningLoss(double_q=double_q, interpret=True)):
     (value, extras), grads = _value_and_grad(loss, net, online, target, batch, weights, mask)
     assert not np.isfinite(float(value)), loss
-    assert not np.isfinite(float(extras.td_error[5])) and np.isfinite(extras.td_error[6])
+    assert not np.isfinite(float(extras.td_error[nan_row]))
+    assert np.isfinite(extras.td_error[nan_row + 1])
 
 
 def test_the_kernel_takes_no_float_max_or_min_that_would_drop_a_nan():
@@ -287,7 +293,8 @@ def test_inputs_the_kernel_cannot_take_are_refused_before_anything_is_built():
 
 
 # XLA's words when a Triton program asks for more shared memory than the GPU has (a
-# deviceless H200 compile of layers 128,128,128,128 with double Q, batch 128).
+# deviceless H200 compile of layers 128,128,128,128 with double Q, batch 128, of the kernel
+# before its activations were held transposed; the kernel now fits there).
 _XLA_SHARED_MEMORY_ERROR = ("RESOURCE_EXHAUSTED: Shared memory size limit exceeded: requested "
                             "278528, available: 232448, context: []")
 
@@ -323,7 +330,7 @@ def test_the_fit_check_compiles_the_triton_kernel_on_a_gpu_only_and_once_per_siz
                       lambda arrays, *args, interpret: traced.append(interpret) or arrays[0])
   monkeypatch.setattr(fused_loss, "_FITS", set())
   monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
-  fused_loss.check_fits(128, (128, 128), 128, 128, True, 1.0)  # Would not fit on an H200.
+  fused_loss.check_fits(128, (128, 128), 128, 128, True, 1.0)  # The widest the flag takes.
   assert not traced  # Off a GPU the kernel is interpreted: nothing to check.
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   for _ in range(2):
