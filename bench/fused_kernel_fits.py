@@ -15,7 +15,6 @@ compiler's refusal. The width check of a run (`choices.FUSED_LOSS_MAX_WIDTH`)
 is not applied, so wider networks show why it is there.
 """
 
-import glob
 import os
 import re
 import sys
@@ -38,39 +37,15 @@ flags.DEFINE_list("batch_sizes", ["128"], "Batch sizes.")
 flags.DEFINE_list("double_q", ["false", "true"], "Double Q-learning off, on or both.")
 flags.DEFINE_string("out", "bench/results/fused_kernel_fits_h200.md", "Markdown table to write.")
 FLAGS = flags.FLAGS
+KERNEL = "fused_q_learning_loss"  # The pallas_call's name, as XLA's thunks name it.
 
-_NETWORK = re.compile(r"^(\d+)/(\d+(?:,\d+)*)/(\d+)$")
-_THUNK = re.compile(r"fused_q_learning_loss .*shared_memory: (\d+) bytes")
 _REFUSED = re.compile(r"asks for (\d+) KiB of the GPU's shared memory per program, and this GPU "
                       r"has (\d+) KiB")
 
 
-def parse_networks(values):
-  """[(inputs, hidden sizes, actions)] from `--network`s; None where one is not of the form."""
-  networks = []
-  for value in values:
-    found = _NETWORK.match(value)
-    if not found:
-      return None
-    networks.append((int(found.group(1)), tuple(int(h) for h in found.group(2).split(",")),
-                     int(found.group(3))))
-  return networks
-
-
-def thunk_shared_bytes(folder: str) -> int:
-  """The shared memory per program of the kernel in the thunk sequences XLA dumped to `folder`."""
-  for path in glob.glob(os.path.join(folder, "*thunk_sequence*")):
-    with open(path) as f:
-      for line in f:
-        found = _THUNK.search(line)
-        if found:
-          return int(found.group(1))
-  raise ValueError(f"no fused_q_learning_loss kernel in the thunk sequences in {folder}")
-
-
 def main(argv):
   del argv
-  networks = parse_networks(FLAGS.network)
+  networks = gpu_target.parse_networks(FLAGS.network)
   if not networks:
     harness.bad_input(f"--network={' --network='.join(FLAGS.network)}: give "
                       "inputs/hidden/actions, e.g. --network=4/120,84/2.")
@@ -99,7 +74,7 @@ def main(argv):
           try:
             fused_loss.check_fits(inputs, hidden, actions, batch_size, double_q, 1.0,
                                   compile_kernel=compile_kernel)
-            got = f"fits: asks {thunk_shared_bytes(folder) / 1024:.0f} KiB"
+            got = f"fits: asks {gpu_target.thunk_shared_bytes(folder, KERNEL) / 1024:.0f} KiB"
           except ValueError as error:
             refused = _REFUSED.search(str(error))
             if not refused:

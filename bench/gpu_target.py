@@ -1,5 +1,5 @@
 """Programs compiled for a GPU this host does not have (bench/hlo_kernels.py --target=h200,
-bench/fused_kernel_resources.py).
+bench/fused_kernel_resources.py, bench/fused_kernel_fits.py).
 
 XLA's GPU compiler reads the device from a description in
 bench/gpu_targets/<target>.txtpb, through JAX's CUDA plugin of this jax
@@ -8,6 +8,7 @@ not start a GPU: call `placement` before JAX starts its backends.
 """
 
 import contextlib
+import glob
 import math
 import os
 import re
@@ -23,6 +24,7 @@ TARGET_MESH = None
 # An H200's (and H100's) SM: compute capability 9.0.
 SM = {"capability": 90, "registers": 65536, "shared_bytes": 228 * 1024, "warps": 64,
       "programs": 32}
+_NETWORK = re.compile(r"^(\d+)/(\d+(?:,\d+)*)/(\d+)$")
 _LOCATION = re.compile(r' \[unknown\]| "[^"\n]*"\(#loc\d+\)| loc\(#loc\d+\)')
 
 
@@ -74,3 +76,29 @@ def programs_per_sm(registers: int, shared: int, num_warps: int) -> int:
   per_warp = math.ceil(registers * 32 / 256) * 256
   return min(SM["registers"] // (per_warp * num_warps),
              SM["shared_bytes"] // max(shared, 1), SM["warps"] // num_warps, SM["programs"])
+
+
+def parse_networks(values):
+  """[(inputs, hidden sizes, actions)] from strings `inputs/hidden,.../actions`; None where one
+  is not of that form."""
+  networks = []
+  for value in values:
+    found = _NETWORK.match(value)
+    if not found:
+      return None
+    networks.append((int(found.group(1)), tuple(int(h) for h in found.group(2).split(",")),
+                     int(found.group(3))))
+  return networks
+
+
+def thunk_shared_bytes(folder: str, kernel: str) -> int:
+  """The shared memory per program of `kernel` in the thunk sequences XLA dumped to `folder`
+  (`compiler_options={"xla_dump_to": folder}`)."""
+  found = re.compile(re.escape(kernel) + r" .*shared_memory: (\d+) bytes")
+  for path in glob.glob(os.path.join(folder, "*thunk_sequence*")):
+    with open(path) as f:
+      for line in f:
+        match = found.search(line)
+        if match:
+          return int(match.group(1))
+  raise ValueError(f"no {kernel} kernel in the thunk sequences in {folder}")

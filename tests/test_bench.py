@@ -1084,18 +1084,18 @@ def test_fused_kernel_fits_bad_input_is_one_line_and_exit_code_2(args, expected)
 
 
 def test_fused_kernel_fits_reads_networks_and_xlas_thunk_sequence(tmp_path):
-  from bench import fused_kernel_fits  # pylint: disable=import-outside-toplevel
-  assert fused_kernel_fits.parse_networks(["4/120,84/2", "128/128/16"]) == [
+  from bench import gpu_target  # pylint: disable=import-outside-toplevel
+  assert gpu_target.parse_networks(["4/120,84/2", "128/128/16"]) == [
       (4, (120, 84), 2), (128, (128,), 16)]
-  assert fused_kernel_fits.parse_networks(["4/2"]) is None
-  assert fused_kernel_fits.parse_networks(["4/,/2"]) is None
+  assert gpu_target.parse_networks(["4/2"]) is None
+  assert gpu_target.parse_networks(["4/,/2"]) is None
   (tmp_path / "module_0001.jit__lambda.thunk_sequence.txt").write_text(
       "000: kCopy [source | sink] something\n"
       "001: kCustomKernel [source | sink] fused_q_learning_loss grid: [1, 1, 1] threads: "
       "[256, 1, 1]  shared_memory: 73728 bytes\n")
-  assert fused_kernel_fits.thunk_shared_bytes(str(tmp_path)) == 73728
-  with pytest.raises(ValueError, match="no fused_q_learning_loss kernel"):
-    fused_kernel_fits.thunk_shared_bytes(str(tmp_path / "nothing"))
+  assert gpu_target.thunk_shared_bytes(str(tmp_path), "fused_q_learning_loss") == 73728
+  with pytest.raises(ValueError, match="no other kernel"):
+    gpu_target.thunk_shared_bytes(str(tmp_path), "other")
 
 
 def test_programs_per_sm_takes_the_scarcest_of_registers_shared_memory_and_warps():
