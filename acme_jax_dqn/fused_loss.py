@@ -296,7 +296,7 @@ def _run_kernel(arrays, layer_shapes, batch_size: int, double_q: bool, huber_del
 
 
 _FITS: set = set()  # Sizes this process's GPU was found to hold (`check_fits`).
-_SHARED_MEMORY = re.compile(r"Shared memory size limit exceeded: requested (\d+), available: (\d+)")
+SHARED_MEMORY = re.compile(r"Shared memory size limit exceeded: requested (\d+), available: (\d+)")
 
 
 def check_fits(observation_size: int, hidden_sizes: Sequence[int], num_actions: int,
@@ -320,7 +320,7 @@ def check_fits(observation_size: int, hidden_sizes: Sequence[int], num_actions: 
     compile_kernel(lambda *a: _run_kernel(a, layer_shapes, batch_size, double_q, huber_delta,
                                           interpret=False), *arrays)
   except Exception as error:  # pylint: disable=broad-except
-    found = _SHARED_MEMORY.search(str(error))
+    found = SHARED_MEMORY.search(str(error))
     if not found:
       raise
     requested, available = (int(n) / 1024 for n in found.groups())

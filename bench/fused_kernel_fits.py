@@ -16,7 +16,6 @@ is not applied, so wider networks show why it is there.
 """
 
 import os
-import re
 import sys
 import tempfile
 
@@ -38,10 +37,6 @@ flags.DEFINE_list("double_q", ["false", "true"], "Double Q-learning off, on or b
 flags.DEFINE_string("out", "bench/results/fused_kernel_fits_h200.md", "Markdown table to write.")
 FLAGS = flags.FLAGS
 KERNEL = "fused_q_learning_loss"  # The pallas_call's name, as XLA's thunks name it.
-
-_REFUSED = re.compile(r"asks for (\d+) KiB of the GPU's shared memory per program, and this GPU "
-                      r"has (\d+) KiB")
-
 
 def main(argv):
   del argv
@@ -65,21 +60,24 @@ def main(argv):
   for inputs, hidden, actions in networks:
     for batch_size in batch_sizes:
       for double_q in (choices[v.lower()] for v in FLAGS.double_q):
+        refused = []  # XLA's (requested, available) bytes, where it refuses the program.
         with tempfile.TemporaryDirectory() as folder:
 
           def compile_kernel(fn, *shapes, folder=folder):
-            gpu_target.lowered(fn, *place(list(shapes))).compile(
-                compiler_options={"xla_dump_to": folder})
+            try:
+              gpu_target.lowered(fn, *place(list(shapes))).compile(
+                  compiler_options={"xla_dump_to": folder})
+            except Exception as error:  # pylint: disable=broad-except
+              refused.extend(fused_loss.SHARED_MEMORY.findall(str(error)))
+              raise
 
           try:
             fused_loss.check_fits(inputs, hidden, actions, batch_size, double_q, 1.0,
                                   compile_kernel=compile_kernel)
             got = f"fits: asks {gpu_target.thunk_shared_bytes(folder, KERNEL) / 1024:.0f} KiB"
-          except ValueError as error:
-            refused = _REFUSED.search(str(error))
-            if not refused:
-              raise
-            got = f"refused: asks {refused.group(1)} KiB, the GPU has {refused.group(2)} KiB"
+          except ValueError:  # `check_fits`'s refusal, from XLA's.
+            requested, available = (int(n) / 1024 for n in refused[0])
+            got = f"refused: asks {requested:.0f} KiB, the GPU has {available:.0f} KiB"
         network = f"{inputs} / {','.join(map(str, hidden))} / {actions}"
         table.add(f"| {network} | {batch_size} | {double_q} | {got} |")
   table.close(FLAGS.out, "compared: the shared memory a program of the fused loss kernel asks "

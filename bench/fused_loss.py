@@ -22,6 +22,7 @@ is compiled with Triton; elsewhere Pallas interprets it, which tests
 this script and times nothing of use.
 """
 
+import contextlib
 import dataclasses
 import os
 import statistics
@@ -91,6 +92,17 @@ def one_batch_error(config, networks, spec) -> Dict[str, float]:
           "gradients": drift(grads, xla_grads)}
 
 
+@contextlib.contextmanager
+def kernel_knobs(num_warps: int, row_block: int):
+  """`fused_loss.NUM_WARPS` and `ROW_BLOCK` set while the kernel is traced, then restored."""
+  saved = fused_loss.NUM_WARPS, fused_loss.ROW_BLOCK
+  fused_loss.NUM_WARPS, fused_loss.ROW_BLOCK = num_warps, row_block
+  try:
+    yield
+  finally:
+    fused_loss.NUM_WARPS, fused_loss.ROW_BLOCK = saved
+
+
 def main(argv):
   del argv
   config, experiment = harness.anakin_run_flags(FLAGS.repeats)
@@ -120,15 +132,10 @@ def main(argv):
   except ValueError as error:
     harness.bad_input(cli.flag_terms(error))
   errors = {}
-  saved = fused_loss.NUM_WARPS, fused_loss.ROW_BLOCK
-  try:
-    for kernel in kernels:  # The largest difference over the kernels.
-      fused_loss.NUM_WARPS, fused_loss.ROW_BLOCK = kernel
-      with xla_setup.prng_impl(experiment.prng_impl):
-        for name, value in one_batch_error(fused_config, networks, env.spec).items():
-          errors[name] = max(value, errors.get(name, 0.0))
-  finally:
-    fused_loss.NUM_WARPS, fused_loss.ROW_BLOCK = saved
+  for kernel in kernels:  # The largest difference over the kernels.
+    with kernel_knobs(*kernel), xla_setup.prng_impl(experiment.prng_impl):
+      for name, value in one_batch_error(fused_config, networks, env.spec).items():
+        errors[name] = max(value, errors.get(name, 0.0))
   names = ["XLA's loss"] + [f"fused, {w} warps" + (f", {b} rows" if len(blocks) > 1 else "")
                             for w, b in kernels]
   table = harness.PrintedTable(
@@ -143,16 +150,11 @@ def main(argv):
           experiment, dataclasses.replace(config, fused_loss=False), num_seeds,
           anakin_programs.RUN_DEFAULT)
       progs[names[0]] = built[anakin_programs.DEFAULT]
-      saved = fused_loss.NUM_WARPS, fused_loss.ROW_BLOCK
-      try:
-        for name, (num_warps, row_block) in zip(names[1:], kernels):
-          # Read when the kernel is traced, in `programs`.
-          fused_loss.NUM_WARPS, fused_loss.ROW_BLOCK = num_warps, row_block
+      for name, kernel in zip(names[1:], kernels):
+        with kernel_knobs(*kernel):  # Read when the kernel is traced, in `programs`.
           built, _, _ = anakin_programs.programs(experiment, fused_config, num_seeds,
                                                 anakin_programs.RUN_DEFAULT)
-          progs[name] = built[anakin_programs.DEFAULT]
-      finally:
-        fused_loss.NUM_WARPS, fused_loss.ROW_BLOCK = saved
+        progs[name] = built[anakin_programs.DEFAULT]
       times, results = anakin_programs.timed_rounds(progs, FLAGS.repeats)
     xla_params = results[names[0]][0]
     ratios = {n: statistics.median(x / f for x, f in zip(times[names[0]], times[n]))

@@ -115,9 +115,9 @@ peer && step gpu_speed 240 $PY -m bench.gpu_speed --purejaxrl_dir="$PEER" \
   --num_seeds=1,$MANY --minatar_seeds=1,$MINATAR_MANY --total_steps=$STEPS_PER_SEED \
   --logdir="$OUT/runs_default" --out="$OUT/gpu_speed.md"
 # 2,048 seeds first (the goal rests on it; each row prints as it is measured), and a second
-# kernel that passes the batch in blocks of 32 rows: built for an H200 by Triton 3.6, a thread of
-# one 128-row pass spills 1,056 bytes with 8 warps (2,600 with 4), of 32-row passes 668
-# (bench/fused_kernel_resources.py, bench/results/fused_kernel_resources_h200.md).
+# kernel that passes the batch in blocks of 32 rows, whose gradients add up in registers: built
+# for an H200 by Triton 3.6 with 8 warps, a thread of one 128-row pass spills 64 bytes, of 32-row
+# passes 636 (bench/fused_kernel_resources.py, bench/results/fused_kernel_resources_h200.md).
 step fused_loss 150 $PY -m bench.fused_loss --flagfile=$CFG --seed_counts=$MANY,1 \
   --total_steps=$FUSED_STEPS --num_warps=8 --row_blocks=128,32 --repeats=2 \
   --out="$OUT/fused_loss.md"
