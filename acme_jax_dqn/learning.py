@@ -40,15 +40,36 @@ def make_learning_rate(learning_rate: float, schedule: str = "constant",
 
 
 def gradient_norm_fn(max_grad_norm: float) -> Callable[[Any], chex.Array]:
-  """The learner step's gradient norm (its non-finite guard and `grad_norm` metric).
+  """The learner step's gradient norm (its non-finite guard, its `grad_norm` metric and the
+  optimizer's clipping, to which the step hands it: `clip_by_global_norm`).
 
-  With clipping (`max_grad_norm` > 0) it is the norm `optax.clip_by_global_norm`
-  takes, the same expression on the same gradients, so XLA computes it once
-  for both. Without, it is `trees.global_norm`, one reduction over every
-  leaf (on a GPU one kernel instead of one per leaf). The parameters do not
-  depend on this choice; the metric agrees to float rounding.
+  With clipping (`max_grad_norm` > 0) it is `optax.tree.norm`, the expression
+  `optax.clip_by_global_norm` takes, so a clipped run trains as with optax's
+  clip to the bit. Without, it is `trees.global_norm`, one reduction over
+  every leaf (on a GPU one kernel instead of one per leaf). The parameters
+  do not depend on this choice without clipping; the metric agrees to float
+  rounding.
   """
   return optax.tree.norm if max_grad_norm > 0 else trees.global_norm
+
+
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformationExtraArgs:
+  """`optax.clip_by_global_norm`, taking the norm as the extra argument `grad_norm`.
+
+  Below `max_norm` the updates pass unchanged, else each is divided by the
+  norm and multiplied by `max_norm`, as optax does. The learner step has
+  the gradient's norm already (`gradient_norm_fn`, or the fused loss's
+  kernel, which sums the squares as it writes the gradient) and hands it
+  in, so the clip reads no gradient for its own norm. Without `grad_norm`
+  it takes `optax.tree.norm` of the updates, as optax does.
+  """
+  def update_fn(updates, state, params=None, *, grad_norm=None, **extra_args):
+    del params, extra_args
+    norm = optax.tree.norm(updates) if grad_norm is None else grad_norm
+    below = jnp.squeeze(norm < max_norm)
+    return jax.tree.map(lambda t: jax.lax.select(below, t, t / norm.astype(t.dtype) * max_norm),
+                        updates), state
+  return optax.GradientTransformationExtraArgs(optax.init_empty_state, update_fn)
 
 
 def make_optimizer(learning_rate, max_grad_norm: float = 10.0,
@@ -57,7 +78,7 @@ def make_optimizer(learning_rate, max_grad_norm: float = 10.0,
   """Global-norm clipping (0 turns it off) then Adam, optionally accumulated over k steps."""
   parts = []
   if max_grad_norm > 0:
-    parts.append(optax.clip_by_global_norm(max_grad_norm))
+    parts.append(clip_by_global_norm(max_grad_norm))
   parts.append(optax.adam(learning_rate, eps=adam_eps))
   optimizer = optax.chain(*parts)
   if gradient_accumulation_steps > 1:
@@ -112,10 +133,11 @@ def make_sgd_step(networks: Networks, loss_fn, optimizer: optax.GradientTransfor
                   gradient_norm: Callable[[Any], chex.Array] = optax.tree.norm) -> SGDStepFn:
   """Returns the pure `sgd_step(state, batch) -> (state, metrics)`.
 
-  `gradient_norm` takes the gradients' norm for the guard and the metric:
-  `gradient_norm_fn(max_grad_norm)` of the optimizer's clipping; a loss
-  whose extras give the norm (`LossExtras.grad_squared_norm`) gives it
-  instead.
+  `gradient_norm` takes the gradients' norm for the guard, the metric and
+  the clip; a loss whose extras give the norm (`LossExtras.grad_squared_norm`)
+  gives it instead. The optimizer gets it as the extra argument `grad_norm`
+  (`clip_by_global_norm` takes it, other optax transformations ignore it),
+  except under gradient accumulation, whose clip sees the mean of k steps.
 
   `batch` is a `ReplaySample` (transitions and importance weights). The
   metrics hold scalars plus `priorities` [B], the new replay priorities.
@@ -149,13 +171,17 @@ def make_sgd_step(networks: Networks, loss_fn, optimizer: optax.GradientTransfor
 
     (loss_value, extras), grads = jax.value_and_grad(loss, has_aux=True)(
         state.online_params)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.online_params)
-    online_params = optax.apply_updates(state.online_params, updates)
-    steps = state.steps + 1
-    # Also the guard's test: a non-finite gradient. A loss that summed the gradient's squares
-    # as it wrote it (the fused loss) spares a read of every gradient.
+    # Also the guard's test (a non-finite gradient) and the clip's norm. A loss that summed
+    # the gradient's squares as it wrote it (the fused loss) spares a read of every gradient.
     grad_norm = (gradient_norm(grads) if extras.grad_squared_norm is None
                  else jnp.sqrt(extras.grad_squared_norm))
+    if isinstance(state.opt_state, optax.MultiStepsState):  # Its clip sees k steps' mean.
+      updates, opt_state = optimizer.update(grads, state.opt_state, state.online_params)
+    else:
+      updates, opt_state = optax.with_extra_args_support(optimizer).update(
+          grads, state.opt_state, state.online_params, grad_norm=grad_norm)
+    online_params = optax.apply_updates(state.online_params, updates)
+    steps = state.steps + 1
     finite = jnp.isfinite(loss_value) & jnp.isfinite(grad_norm)
     online_params, opt_state = keep_if_finite(
         finite, (online_params, opt_state), (state.online_params, state.opt_state))

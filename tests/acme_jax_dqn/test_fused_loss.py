@@ -185,18 +185,44 @@ def test_the_gradient_is_the_losss_finite_difference_and_scales_with_the_loss():
     np.testing.assert_allclose(float(grads[layer]["w"][index]), numeric, rtol=2e-2, atol=1e-4)
 
 
-def test_the_learner_step_takes_its_gradient_norm_from_the_kernel_not_a_second_read():
-  """With the fused loss the learner step's guard and `grad_norm` metric use the norm the
-  kernel summed, and never call the step's own gradient norm (a second read of every
-  gradient), which the XLA loss's step calls once; the metric is the norm of the gradient
-  rlax's loss gives through autodiff."""
+def _gradient_norm_reductions(step, state, sample):
+  """The `reduce_sum`s outside the kernel that read a whole gradient leaf, or every leaf joined
+  (a norm of the gradient: the fused loss's kernel writes the gradient and sums its squares)."""
+  leaves = jax.tree.leaves(state.online_params)
+  shapes = {leaf.shape for leaf in leaves} | {(sum(leaf.size for leaf in leaves),)}
+  jaxpr = jax.make_jaxpr(step)(state, sample).jaxpr
+  found = []
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == "pallas_call":
+        continue
+      if eqn.primitive.name == "reduce_sum" and eqn.invars[0].aval.shape in shapes:
+        found.append(eqn)
+      for value in eqn.params.values():
+        for sub in value if isinstance(value, (list, tuple)) else [value]:
+          inner = getattr(sub, "jaxpr", sub)
+          if hasattr(inner, "eqns"):
+            walk(inner)
+  walk(jaxpr)
+  return len(found)
+
+
+@pytest.mark.parametrize("max_grad_norm", [0.0, 0.01])  # No clip; a clip that acts.
+def test_the_learner_step_takes_its_gradient_norm_from_the_kernel_not_a_second_read(
+    max_grad_norm):
+  """With the fused loss the learner step's guard, its `grad_norm` metric and the clip use the
+  norm the kernel summed: the step never calls its own gradient norm, which the XLA loss's
+  step calls once, and no reduction outside the kernel reads the gradient. The metric is the
+  norm of the gradient rlax's loss gives through autodiff, and the clipped step trains as the
+  XLA loss's step does."""
   net, online, target, batch, weights, mask = _problem(4, (16,), 2, 32, seed=5)
   sample = replay_lib.ReplaySample(batch, jnp.arange(32), weights, mask)
-  optimizer = learning.make_optimizer(1e-3, max_grad_norm=0.0)
+  optimizer = learning.make_optimizer(1e-3, max_grad_norm=max_grad_norm)
   state = learning.init_training_state(net, optimizer, jax.random.PRNGKey(0))
   state = state._replace(online_params=online, target_params=target)
   reference = _value_and_grad(losses.QLearningLoss(), net, online, target, batch, weights, mask)
-  norms = {}
+  norms, reads, params = {}, {}, {}
   for name, loss in (("xla", losses.QLearningLoss()),
                      ("fused", fused_loss.FusedQLearningLoss(interpret=True))):
     calls = []
@@ -206,11 +232,17 @@ def test_the_learner_step_takes_its_gradient_norm_from_the_kernel_not_a_second_r
       return trees.global_norm(grads)
 
     step = learning.make_sgd_step(net, loss, optimizer, 2, 1.0, gradient_norm=norm)
-    _, metrics = jax.jit(step)(state, sample)
+    new_state, metrics = jax.jit(step)(state, sample)
     norms[name] = (len(calls), float(metrics["grad_norm"]))
+    reads[name] = _gradient_norm_reductions(step, state, sample)
+    params[name] = new_state.online_params
   expected = float(trees.global_norm(reference[1]))
   assert norms["xla"][0] == 1 and norms["fused"][0] == 0
   np.testing.assert_allclose([norms["xla"][1], norms["fused"][1]], expected, rtol=1e-4)
+  assert reads == {"xla": 1, "fused": 0}
+  assert max_grad_norm == 0.0 or expected > max_grad_norm  # The clip acts.
+  jax.tree.map(lambda x, f: np.testing.assert_allclose(x, f, rtol=1e-4, atol=1e-6),
+               params["xla"], params["fused"])
 
 
 def test_nothing_to_learn_from_gives_zero_loss_and_gradient_not_nan():

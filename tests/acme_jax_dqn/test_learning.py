@@ -367,19 +367,82 @@ def test_building_for_sets_the_target_platform_within_its_block_only():
   assert xla_setup.target_platform() == default
 
 
-def test_the_learner_takes_the_norm_the_clipping_takes_or_one_reduction_without_clipping():
-  assert learning.gradient_norm_fn(10.0) is optax.tree.norm  # The clip's own expression.
-  assert learning.gradient_norm_fn(0.0) is trees.global_norm
-  # A clipped step trains as the clip alone would: the learner's norm feeds no parameter.
-  builder = DQNBuilder(DQNConfig(hidden_sizes=(8,), batch_size=4, max_grad_norm=0.01))
+@pytest.mark.parametrize("scale", [1.0, 1e-3])  # Above the clip's 1.0; below it.
+def test_clip_by_global_norm_is_optaxs_and_takes_a_norm_handed_in(scale):
+  grads = jax.tree.map(lambda x: x * scale, _tree(1.0))
+  grads["a"] = grads["a"].at[0, 1].set(-3.0 * scale)
+  reference, _ = optax.clip_by_global_norm(1.0).update(grads, optax.EmptyState())
+  ours = learning.clip_by_global_norm(1.0)
+  for extra in ({}, {"grad_norm": optax.tree.norm(grads)}):
+    clipped, _ = ours.update(grads, ours.init(grads), **extra)
+    jax.tree.map(np.testing.assert_array_equal, clipped, reference)
+  # A norm handed in is the one it divides by: 4 * the true norm scales the clip by 1/4.
+  true_norm = float(optax.tree.norm(grads))
+  clipped, _ = ours.update(grads, ours.init(grads), grad_norm=jnp.float32(4 * true_norm))
+  factor = 1.0 if 4 * true_norm < 1.0 else 1.0 / (4 * true_norm)
+  jax.tree.map(lambda c, g: np.testing.assert_allclose(c, g * factor, rtol=1e-6), clipped, grads)
+
+
+def test_the_learner_step_hands_its_gradient_norm_to_the_clip():
+  """The step's `gradient_norm` is the norm the clip divides by (no second reduction of the
+  gradient): with plain SGD behind the clip, a norm reported twice as large halves the step;
+  the true norm gives optax's own clip's step."""
+  builder = DQNBuilder(DQNConfig(hidden_sizes=(8,), batch_size=4))
   networks = builder.make_networks(specs.make_environment_spec(
       FakeEnvironment(obs_dim=3, num_actions=2)))
-  optimizer = builder.make_optimizer()
+  optimizer = optax.chain(learning.clip_by_global_norm(0.01), optax.sgd(1.0))
   state = learning.init_training_state(networks, optimizer, jax.random.PRNGKey(0))
-  steps = [jax.jit(learning.make_sgd_step(networks, builder.make_loss(), optimizer, 1, 1.0,
-                                          norm))(state, _batch(1.0))
-           for norm in (optax.tree.norm, trees.global_norm)]
-  jax.tree.map(np.testing.assert_array_equal, steps[0][0].online_params,
-               steps[1][0].online_params)
-  np.testing.assert_allclose(steps[0][1]["grad_norm"], steps[1][1]["grad_norm"], rtol=1e-6)
-  assert float(steps[0][1]["grad_norm"]) > 0.01  # The clip acted.
+  batch = _batch(1.0)
+  loss_fn = builder.make_loss()
+  grads = jax.grad(lambda p: loss_fn(networks.apply, p, state.target_params, batch.transitions,
+                                     batch.weights, batch.mask)[0])(state.online_params)
+  reference, _ = optax.clip_by_global_norm(0.01).update(grads, optax.EmptyState())
+  assert float(optax.tree.norm(grads)) > 0.01  # The clip acts.
+  for factor in (1.0, 2.0):
+    step = learning.make_sgd_step(networks, loss_fn, optimizer, 1, 1.0,
+                                  lambda g, f=factor: f * trees.global_norm(g))
+    new_state, _ = jax.jit(step)(state, batch)
+    jax.tree.map(lambda new, old, r, f=factor: np.testing.assert_allclose(
+        old - new, r / f, rtol=1e-5, atol=1e-7), new_state.online_params,
+                 state.online_params, reference)
+
+
+def test_a_clipped_step_trains_as_optaxs_clip_to_the_bit():
+  """With clipping the step's norm is the clip's own expression (`optax.tree.norm`), so handing
+  it in changes no bit against optax's clip then Adam; without, one reduction of every leaf."""
+  assert learning.gradient_norm_fn(10.0) is optax.tree.norm
+  assert learning.gradient_norm_fn(0.0) is trees.global_norm
+  builder = DQNBuilder(DQNConfig(hidden_sizes=(8,), batch_size=4))
+  networks = builder.make_networks(specs.make_environment_spec(
+      FakeEnvironment(obs_dim=3, num_actions=2)))
+  finals = []
+  for optimizer in (learning.make_optimizer(1e-3, max_grad_norm=0.01),
+                    optax.chain(optax.clip_by_global_norm(0.01), optax.adam(1e-3))):
+    state = learning.init_training_state(networks, optimizer, jax.random.PRNGKey(0))
+    step = jax.jit(learning.make_sgd_step(networks, builder.make_loss(), optimizer, 10, 1.0,
+                                          learning.gradient_norm_fn(0.01)))
+    for reward in (1.0, -2.0, 0.5):
+      state, metrics = step(state, _batch(reward))
+    finals.append(state.online_params)
+  assert float(metrics["grad_norm"]) > 0.01  # The clip acted.
+  jax.tree.map(np.testing.assert_array_equal, *finals)
+
+
+def test_under_gradient_accumulation_the_clip_takes_the_mean_of_k_steps_norm():
+  """`optax.MultiSteps` clips the mean of k gradients, whose norm is not one step's: the step
+  hands it no norm, and trains as optax's own clip and Adam accumulated over 2 steps."""
+  builder = DQNBuilder(DQNConfig(hidden_sizes=(8,), batch_size=4, max_grad_norm=0.01,
+                                 gradient_accumulation_steps=2))
+  networks = builder.make_networks(specs.make_environment_spec(
+      FakeEnvironment(obs_dim=3, num_actions=2)))
+  reference = optax.MultiSteps(optax.chain(optax.clip_by_global_norm(0.01),
+                                           optax.adam(builder.config.learning_rate)), 2)
+  finals = []
+  for optimizer in (builder.make_optimizer(), reference):
+    state = learning.init_training_state(networks, optimizer, jax.random.PRNGKey(0))
+    step = jax.jit(learning.make_sgd_step(networks, builder.make_loss(), optimizer, 10, 1.0))
+    for reward in (1.0, -2.0, 0.5, 3.0):
+      state, metrics = step(state, _batch(reward))
+    finals.append(state.online_params)
+  assert float(metrics["grad_norm"]) > 0.01  # The clip acted.
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-9), *finals)
