@@ -24,9 +24,10 @@
 # select in every learner step and in a loop that runs when it is due, at 2,048 seeds; ours beside
 # PureJaxRL with the fused loss; the loops' carry packed and plain; the replay's items packed and
 # a leaf per field, at one seed; Breakout-MinAtar's scatters as selects and as scatters, at one
-# seed; Breakout-MinAtar with cuDNN's convolutions and with patch products, twice, alternating;
-# the device's time at 2,048 seeds with the fused loss; the build's compile schedules; ours at
-# 2,048 seeds beside PureJaxRL as it is and with its seeds independent.
+# seed; one seed's matmuls with XLA's tilings and without split-K, on CartPole and on
+# Breakout-MinAtar; Breakout-MinAtar with cuDNN's convolutions and with patch products, twice,
+# alternating; the device's time at 2,048 seeds with the fused loss; the build's compile
+# schedules; ours at 2,048 seeds beside PureJaxRL as it is and with its seeds independent.
 # STEPS          step names to run, separated by spaces or commas (default: all), e.g.
 #                STEPS=packed_carry,compile_time for a second call that finishes what the
 #                first one's deadline cut
@@ -138,6 +139,17 @@ step packed_items 60 $PY -m bench.packed_carry --what=items --flagfile=$CFG --se
   --total_steps=$PACKED_STEPS --repeats=2 --out="$OUT/packed_items.md"
 step env_selects 75 $PY -m bench.env_selects --flagfile=$CFG --env=gymnax:Breakout-MinAtar \
   --seed_counts=1 --total_steps=$PACKED_STEPS --repeats=2 --out="$OUT/env_selects.md"
+# One seed's matmuls without split-K. Compiled for an H200 without a device, XLA's default tilings
+# split the learner's small matmuls over their inner dimension (a pad before and a sum after each):
+# 57 kernels per learning iteration on CartPole, 50 with xla_gpu_experimental_force_split_k=1;
+# 72 and 65 on Breakout-MinAtar (bench/hlo_kernels.py --xla_options). A GPU's autotuner picks its
+# own tilings, so only a device can say whether one split runs faster.
+step split_k 60 $PY -m bench.compiler_options --flagfile=$CFG --seed_counts=1 \
+  --total_steps=$PACKED_STEPS --variants=xla_gpu_experimental_force_split_k=1 --repeats=3 \
+  --out="$OUT/split_k.md"
+step split_k_breakout 60 $PY -m bench.compiler_options --flagfile=$CFG \
+  --env=gymnax:Breakout-MinAtar --seed_counts=1 --total_steps=$PACKED_STEPS \
+  --variants=xla_gpu_experimental_force_split_k=1 --repeats=3 --out="$OUT/split_k_breakout.md"
 breakout lax_conv ""
 breakout patches ""
 breakout lax_conv _2

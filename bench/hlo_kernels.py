@@ -40,6 +40,9 @@ makes a Python 3.12 virtualenv with that version and its plugin.
 
 Without a device XLA cannot autotune, so its GEMM tilings are its
 defaults: kernel counts are the GPU's, their run times are not measured.
+`--xla_options` compiles our programs with XLA options (one option set as
+bench/compiler_options.py's `--variants` takes them), e.g.
+`xla_gpu_experimental_force_split_k=1`; PureJaxRL's keeps XLA's defaults.
 
 PureJaxRL's `purejaxrl/dqn.py` is read from --purejaxrl_dir (a checkout of
 luchris429/purejaxrl; nothing of it enters this repository) and run with
@@ -70,6 +73,7 @@ from agents.dqn import seed_layout  # pylint: disable=wrong-import-position
 from agents.dqn.builder import DQNBuilder  # pylint: disable=wrong-import-position
 from agents.dqn.config import ConfigError, DQNConfig  # pylint: disable=wrong-import-position
 from agents.dqn.experiment_config import ExperimentConfig  # pylint: disable=wrong-import-position
+from bench import anakin_programs  # pylint: disable=wrong-import-position
 from bench import gpu_target  # pylint: disable=wrong-import-position
 from bench import harness  # pylint: disable=wrong-import-position
 from bench import hlo_count  # pylint: disable=wrong-import-position
@@ -105,18 +109,48 @@ flags.DEFINE_bool("scatters_as_selects", None, "Whether a gymnax environment's s
                   "scatters run as selects (acme_jax_dqn/envs/scatter_selects.py) or as "
                   "scatters (--noscatters_as_selects); unset: as a run builds them for the "
                   "target, selects for a GPU and scatters for the CPU.")
+flags.DEFINE_string("xla_options", "", "XLA options for our programs' compile, one option set "
+                    "as bench/compiler_options.py's --variants takes: 'name=value name=value' "
+                    "(e.g. xla_gpu_experimental_force_split_k=1); PureJaxRL's keeps XLA's "
+                    "defaults.")
 flags.DEFINE_string("out", None, "Markdown table to write ('' : none; default "
                     "bench/results/hlo_kernels.md on the CPU, else hlo_kernels_<target or "
                     "backend>.md, with _<n>_seeds before .md for --num_seeds=n above 1).")
 FLAGS = flags.FLAGS
 
 
-def _compiled_text(fn, *args) -> str:
-  """The optimized HLO of `fn` compiled for `args`' device (see `gpu_target.lowered`)."""
-  return gpu_target.lowered(fn, *args).compile().as_text()
+def _compiled_text(fn, *args, options: Optional[anakin_programs.Options] = None) -> str:
+  """The optimized HLO of `fn` compiled for `args`' device (see `gpu_target.lowered`), with
+  XLA's `options` (None: its defaults)."""
+  return gpu_target.lowered(fn, *args).compile(compiler_options=options or None).as_text()
 
 
-def ours_hlo(place: Callable, platform: str, config: DQNConfig, experiment: ExperimentConfig
+def xla_options(place: Callable) -> Optional[anakin_programs.Options]:
+  """`--xla_options` as compiler options, each known to XLA and of a value it reads, checked on
+  a one-op program for the target; a malformed set exits with one line naming the flag."""
+  try:
+    sets = anakin_programs.parse_options(FLAGS.xla_options)
+  except ValueError as error:
+    harness.bad_input(f"--xla_options: {error}; write e.g. "
+                      "--xla_options='xla_gpu_experimental_force_split_k=1'.")
+  if len(sets) > 1:
+    harness.bad_input("--xla_options takes one option set (no ';'); compare several with "
+                      "bench/compiler_options.py --variants.")
+  options = next(iter(sets.values()), None)
+  if options:
+    try:
+      _compiled_text(lambda x: x + 1, place(jax.ShapeDtypeStruct((), np.float32)),
+                     options=options)
+    except Exception as error:  # pylint: disable=broad-except
+      first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+      harness.bad_input(f"--xla_options: XLA refused '{FLAGS.xla_options}' ({first}); name "
+                        "options as XLA_FLAGS does, without the leading --, with a value of "
+                        "the option's type.")
+  return options
+
+
+def ours_hlo(place: Callable, platform: str, config: DQNConfig, experiment: ExperimentConfig,
+             options: Optional[anakin_programs.Options] = None
              ) -> Tuple[str, Optional[str], float, float, int]:
   """(optimized HLO of a chunk that learns, of one in its warm-up (None: one program with a
   conditional holds both), env steps per iteration, share of iterations that learn,
@@ -146,7 +180,7 @@ def ours_hlo(place: Callable, platform: str, config: DQNConfig, experiment: Expe
           anakin_mode.chunk_fn(trainer, iterations, warmup, batched, unroll,
                                choice(FLAGS.acting_apart), choice(FLAGS.packed_carry),
                                choice(FLAGS.target_loop)),
-          state, first)
+          state, first, options=options)
     if not seed_layout.warmup_loops(batched):
       learning, warming_up = chunk_text(None), None
     else:
@@ -203,8 +237,10 @@ def main(argv):
   flagfiles += [] if FLAGS.packed_items else ["--nopacked_items"]
   if FLAGS.scatters_as_selects is not None:
     flagfiles += [f"--{'' if FLAGS.scatters_as_selects else 'no'}scatters_as_selects"]
+  options = xla_options(place)
+  flagfiles += [f"--xla_options={FLAGS.xla_options}"] if options else []
   builds = {f"ours ({', '.join(flagfiles) or 'default flags'})":
-            functools.partial(ours_hlo, place, platform, config, experiment)}
+            functools.partial(ours_hlo, place, platform, config, experiment, options)}
   if FLAGS.purejaxrl_dir:
     seeds = ", seeds independent" if FLAGS.purejaxrl_independent_seeds else ""
     builds[f"PureJaxRL dqn.py (main() config{seeds})"] = functools.partial(

@@ -679,6 +679,10 @@ def test_the_compile_time_bench_times_three_schedules_of_the_run_dqn_build(tmp_p
      "--target=h200 with --prioritized: flashbax builds prioritized replay"),
     ("hlo_kernels", ["--scan_unroll=0"], "error: --scan_unroll=0: must be at least 1."),
     ("hlo_kernels", ["--acting_apart=yes"], "--acting_apart=yes: one seed on the CPU decides"),
+    ("hlo_kernels", ["--xla_options=xla_cpu_no_such_option=1"],
+     "--xla_options: XLA refused 'xla_cpu_no_such_option=1'"),
+    ("hlo_kernels", ["--xla_options=a=1;b=2"], "--xla_options takes one option set (no ';')"),
+    ("hlo_kernels", ["--xla_options=novalue"], "--xla_options: 'novalue' is not name=value"),
     ("fused_loss", ["--num_warps=0"], "--num_warps=0: give whole numbers of 1 or more."),
     ("fused_loss", ["--row_blocks=48"], "--row_blocks=48: give powers of two of 16 or more"),
     ("fused_loss", ["--row_blocks=8"], "--row_blocks=8: give powers of two of 16 or more"),
@@ -1025,6 +1029,22 @@ def test_hlo_kernels_counts_the_chunk_structure_a_run_compiles(tmp_path, num_see
   assert f"{num_seeds} seed" in out.read_text()
   assert ("--scan_unroll=2" in name) == (unroll == 2)
   assert ("a loop step (2 iterations)" in out.read_text()) == (unroll == 2)
+
+
+def test_hlo_kernels_compiles_our_programs_with_the_xla_options_given(tmp_path):
+  """--xla_options reaches our programs' compile: with XLA's fusion pass off the same chunk
+  runs several times the kernels, and the row names the options."""
+  counts = {}
+  for options in ([], ["--xla_options=xla_disable_hlo_passes=fusion"]):
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.hlo_kernels",
+         "--flagfile=launch/configs/cartpole_anakin_purejaxrl.cfg", "--num_seeds=2",
+         "--iterations=2", "--out=", *options],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
+    (name, row), = json.loads(result.stdout.strip().splitlines()[-1]).items()
+    counts[bool(options)] = row["per_iteration"]
+    assert ("--xla_options=xla_disable_hlo_passes=fusion" in name) == bool(options)
+  assert counts[True] > 2 * counts[False], counts
 
 
 def test_gpu_all_bundles_tables_logs_and_summaries_but_not_checkpoints(tmp_path):
