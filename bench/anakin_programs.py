@@ -219,3 +219,19 @@ def parse_options(text: str) -> Dict[str, Options]:
       options[name] = value.lower() == "true" if value.lower() in ("true", "false") else value
     variants[label] = options
   return variants
+
+
+def refused(lowered, options: Options) -> Optional[str]:
+  """The first line of XLA's refusal to compile `lowered` (a small program) with `options`, or
+  None where it compiles: an option XLA does not know, or a value it cannot read."""
+  try:
+    lowered.compile(compiler_options=options)
+  except Exception as error:  # pylint: disable=broad-except
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+  return None
+
+
+def refusal_hint(first_line: str) -> str:
+  """What to change, for `refused`'s line."""
+  return ("name options as XLA_FLAGS does, without the leading --"
+          if "No such compile option" in first_line else "give a value of the option's type")

@@ -73,13 +73,10 @@ def check_options(variants: Dict[str, anakin_programs.Options]) -> None:
   cannot read, is named (with exit code 2) before the run's programs compile."""
   tiny = jax.jit(lambda x: x + 1).lower(jnp.zeros(()))
   for label, options in variants.items():
-    try:
-      tiny.compile(compiler_options=options)
-    except Exception as error:  # pylint: disable=broad-except
-      first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-      hint = ("name options as XLA_FLAGS does, without the leading --"
-              if "No such compile option" in first else "give a value of the option's type")
-      harness.bad_input(f"--variants: XLA refused '{label}' ({first}); {hint}.")
+    first = anakin_programs.refused(tiny, options)
+    if first:
+      harness.bad_input(f"--variants: XLA refused '{label}' ({first}); "
+                        f"{anakin_programs.refusal_hint(first)}.")
 
 
 def main(argv):

@@ -137,15 +137,11 @@ def xla_options(place: Callable) -> Optional[anakin_programs.Options]:
     harness.bad_input("--xla_options takes one option set (no ';'); compare several with "
                       "bench/compiler_options.py --variants.")
   options = next(iter(sets.values()), None)
-  if options:
-    try:
-      _compiled_text(lambda x: x + 1, place(jax.ShapeDtypeStruct((), np.float32)),
-                     options=options)
-    except Exception as error:  # pylint: disable=broad-except
-      first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-      harness.bad_input(f"--xla_options: XLA refused '{FLAGS.xla_options}' ({first}); name "
-                        "options as XLA_FLAGS does, without the leading --, with a value of "
-                        "the option's type.")
+  first = options and anakin_programs.refused(
+      gpu_target.lowered(lambda x: x + 1, place(jax.ShapeDtypeStruct((), np.float32))), options)
+  if first:
+    harness.bad_input(f"--xla_options: XLA refused '{FLAGS.xla_options}' ({first}); "
+                      f"{anakin_programs.refusal_hint(first)}.")
   return options
 
 
