@@ -38,6 +38,7 @@ flags.DEFINE_string("out", "bench/results/fused_kernel_fits_h200.md", "Markdown 
 FLAGS = flags.FLAGS
 KERNEL = "fused_q_learning_loss"  # The pallas_call's name, as XLA's thunks name it.
 
+
 def main(argv):
   del argv
   networks = gpu_target.parse_networks(FLAGS.network)

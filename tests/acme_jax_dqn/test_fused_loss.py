@@ -185,27 +185,29 @@ def test_the_gradient_is_the_losss_finite_difference_and_scales_with_the_loss():
     np.testing.assert_allclose(float(grads[layer]["w"][index]), numeric, rtol=2e-2, atol=1e-4)
 
 
+def _equations(jaxpr, out, into_kernel=True):
+  """Every equation of `jaxpr` and of the jaxprs inside its equations (loops; the kernel's too
+  with `into_kernel`)."""
+  for eqn in jaxpr.eqns:
+    out.append(eqn)
+    if eqn.primitive.name == "pallas_call" and not into_kernel:
+      continue
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (list, tuple)) else [value]:
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          _equations(inner, out, into_kernel)
+  return out
+
+
 def _gradient_norm_reductions(step, state, sample):
   """The `reduce_sum`s outside the kernel that read a whole gradient leaf, or every leaf joined
   (a norm of the gradient: the fused loss's kernel writes the gradient and sums its squares)."""
   leaves = jax.tree.leaves(state.online_params)
   shapes = {leaf.shape for leaf in leaves} | {(sum(leaf.size for leaf in leaves),)}
-  jaxpr = jax.make_jaxpr(step)(state, sample).jaxpr
-  found = []
-
-  def walk(jaxpr):
-    for eqn in jaxpr.eqns:
-      if eqn.primitive.name == "pallas_call":
-        continue
-      if eqn.primitive.name == "reduce_sum" and eqn.invars[0].aval.shape in shapes:
-        found.append(eqn)
-      for value in eqn.params.values():
-        for sub in value if isinstance(value, (list, tuple)) else [value]:
-          inner = getattr(sub, "jaxpr", sub)
-          if hasattr(inner, "eqns"):
-            walk(inner)
-  walk(jaxpr)
-  return len(found)
+  equations = _equations(jax.make_jaxpr(step)(state, sample).jaxpr, [], into_kernel=False)
+  return sum(e.primitive.name == "reduce_sum" and e.invars[0].aval.shape in shapes
+             for e in equations)
 
 
 @pytest.mark.parametrize("max_grad_norm", [0.0, 0.01])  # No clip; a clip that acts.
@@ -252,18 +254,6 @@ def test_nothing_to_learn_from_gives_zero_loss_and_gradient_not_nan():
                                           np.zeros(32, np.float32))
   assert float(loss) == 0.0 and float(extras.metrics["td_error_abs_mean"]) == 0.0
   assert all(float(jnp.max(jnp.abs(g))) == 0.0 for g in jax.tree.leaves(grads))
-
-
-def _equations(jaxpr, out):
-  """Every equation of `jaxpr` and of the jaxprs inside its equations (loops, the kernel)."""
-  for eqn in jaxpr.eqns:
-    out.append(eqn)
-    for value in eqn.params.values():
-      for sub in value if isinstance(value, (list, tuple)) else [value]:
-        inner = getattr(sub, "jaxpr", sub)
-        if hasattr(inner, "eqns"):
-          _equations(inner, out)
-  return out
 
 
 def test_every_read_and_write_of_the_kernel_is_masked_to_its_array():
