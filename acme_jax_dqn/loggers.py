@@ -227,7 +227,7 @@ def import_wandb():
   except ImportError:
     raise ValueError(
         "`loggers`=...,wandb needs the wandb package, which is an extra: "
-        "pip install 'acme-jax-dqn[wandb]' (or pip install wandb), or drop wandb "
+        "pip install wandb (or, in the kit's checkout, pip install -e '.[wandb]'), or drop wandb "
         "from `loggers`.") from None
   return wandb
 

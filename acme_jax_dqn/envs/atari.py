@@ -24,7 +24,8 @@ def _register_ale() -> None:
     import ale_py  # pylint: disable=import-outside-toplevel
   except ImportError:
     raise ValueError("atari: environments need ale-py (and opencv for the preprocessing): "
-                     "pip install 'acme-jax-dqn[atari]'.") from None
+                     "pip install ale-py opencv-python-headless (or, in the kit's checkout, "
+                     "pip install -e '.[atari]').") from None
   gym.register_envs(ale_py)
 
 

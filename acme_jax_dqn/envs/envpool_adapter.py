@@ -29,7 +29,8 @@ def _envpool():
       import envpool  # pylint: disable=import-outside-toplevel
   except ImportError:
     raise ValueError("envpool: environments need the envpool package: "
-                     "pip install 'acme-jax-dqn[envpool]'.") from None
+                     "pip install envpool (or, in the kit's checkout, pip install -e "
+                     "'.[envpool]').") from None
   return envpool
 
 

@@ -34,7 +34,8 @@ class MinAtarEnvironment(dm_env.Environment):
       from minatar import Environment  # pylint: disable=import-outside-toplevel
     except ImportError:
       raise ValueError("minatar: environments need the minatar package: "
-                       "pip install 'acme-jax-dqn[minatar]'.") from None
+                       "pip install minatar (or, in the kit's checkout, pip install -e "
+                       "'.[minatar]').") from None
     self._env = Environment(game_name(name))
     if seed is not None:
       self._env.seed(seed)

@@ -71,7 +71,7 @@ class ExperimentConfig:
       the same `total_steps` (the budget is the whole run's).
     skip_nonfinite_updates: on a non-finite loss or gradient, skip the
       update and go on (counted in train.csv) instead of stopping the run.
-    num_actors: distributed mode: actor nodes, each with its own epsilon.
+    num_actors: distributed mode: actor nodes (each its own epsilon under `apex_epsilons`).
     ray_address: distributed mode: HOST:PORT of a Ray cluster to join ("" starts
       Ray on this machine, or joins $RAY_ADDRESS when set).
     max_learner_steps: distributed mode: also stop at this many learner steps

@@ -137,9 +137,10 @@ def test_wandb_logs_rows_against_env_steps_in_offline_mode(tmp_path):
 
 def test_wandb_without_the_package_names_the_extra_before_the_run(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError.
-  with pytest.raises(ValueError, match=r"acme-jax-dqn\[wandb\]"):
+  installs = r"pip install wandb \(or, in the kit's checkout, pip install -e '\.\[wandb\]'\)"
+  with pytest.raises(ValueError, match=installs):
     ExperimentConfig(logdir=str(tmp_path), loggers=("csv", "wandb"))  # At flag time.
-  with pytest.raises(ValueError, match=r"acme-jax-dqn\[wandb\]"):
+  with pytest.raises(ValueError, match=installs):
     loggers.RunLoggers(str(tmp_path), ["csv", "wandb"], 1000, quiet=True)
 
 

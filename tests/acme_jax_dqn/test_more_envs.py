@@ -182,3 +182,18 @@ def test_every_preset_parses_into_valid_configs():
     assert total_steps >= 30_000 and batch_size >= 1  # Real budgets, not smoke tests.
   assert parsed["atari_rainbow.cfg"][0] == "atari:Pong"
   assert parsed["minatar_dqn.cfg"][0] == "gymnax:Breakout-MinAtar"
+
+
+@pytest.mark.parametrize("hidden, make, install", [
+    ("envpool", lambda: envs.make_environment("envpool:CartPole-v1"), "pip install envpool"),
+    ("ale_py", lambda: envs.make_environment("atari:Pong"),
+     "pip install ale-py opencv-python-headless"),
+    ("minatar", lambda: envs.make_environment("minatar:breakout"), "pip install minatar"),
+])
+def test_a_missing_optional_package_names_the_pip_command_that_installs_it(
+    monkeypatch, hidden, make, install):
+  monkeypatch.setitem(sys.modules, hidden, None)  # Its import raises ImportError.
+  with pytest.raises(ValueError) as raised:
+    make()
+  message = str(raised.value)
+  assert install in message and "pip install -e '.[" in message, message
