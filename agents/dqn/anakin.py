@@ -105,8 +105,8 @@ class AnakinPlan:
 
 
 def _check_resumable_plan(run_checkpoints, plan: AnakinPlan) -> Optional[int]:
-  """The newest checkpoint's run and chunking must be this run's (one compiled chunk, same budget).
-  Returns how many devices its run split its seeds over (1 for checkpoints written before runs
+  """The newest checkpoint's iteration and chunking must be this run's (one compiled chunk, same
+  budget; its run and state shapes: `checkpoints.check_start`). Returns how many devices its run split its seeds over (1 for checkpoints written before runs
   split them), or None when its metadata cannot be read."""
   step = run_checkpoints.checkpointer.latest_step()
   if step is None:  # `checkpoints.check_start` refused the run already.
@@ -115,7 +115,6 @@ def _check_resumable_plan(run_checkpoints, plan: AnakinPlan) -> Optional[int]:
     meta = run_checkpoints.checkpointer.read_meta(step)
   except (OSError, ValueError):
     return None  # The restore deals with unreadable checkpoints.
-  run_checkpoints.check_same_run(meta, step)  # Env, seeds, PRNG, ...: before compiling too.
   saved = meta.get("plan")
   shape = ("steps_per_iteration", "fill_env_steps")
   if saved is not None and any(saved[k] != plan.as_dict()[k] for k in shape):

@@ -158,19 +158,30 @@ def structure_differences(saved: Dict[str, Any], current: Dict[str, Any],
 
 
 def check_start(experiment, config: DQNConfig) -> None:
-  """What the checkpoint directory must hold, said before anything compiles.
+  """What the checkpoint directory must hold, said before anything compiles, in every mode.
 
   A new run refuses a directory that holds another run's checkpoints (it
-  would mix with them); `resume` needs one that holds a checkpoint.
+  would mix with them); `resume` needs one that holds a checkpoint, made by
+  the same run with state of the same shapes (`RunCheckpoints.check_same_run`,
+  on the newest checkpoint's metadata; an unreadable one is left to the
+  restore, which sets it aside and takes an earlier one).
   """
   run_checkpoints = RunCheckpoints(experiment, config)
   try:
+    step = run_checkpoints.checkpointer.latest_step() if experiment.resume else None
     if not experiment.resume:
       run_checkpoints.check_fresh_start()
-    elif run_checkpoints.checkpointer.latest_step() is None:
+    elif step is None:
       raise checkpointing.CheckpointError(
           f"`resume`: no checkpoint in {run_checkpoints.directory}. Start without `resume`, "
           "or point `checkpoint_dir` at the directory of the run to continue.")
+    else:
+      try:
+        meta = run_checkpoints.checkpointer.read_meta(step)
+      except (OSError, ValueError):
+        meta = None
+      if meta is not None:
+        run_checkpoints.check_same_run(meta, step)
   finally:
     run_checkpoints.close()
 

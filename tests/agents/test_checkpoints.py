@@ -111,3 +111,44 @@ def test_check_same_run_warns_on_schedules_and_refuses_another_run_or_state(tmp_
   # A checkpoint without its replay fits another replay.
   check(dataclasses.replace(saved, replay_capacity=5000),
         meta={**meta, "replay_saved": False})
+
+
+def test_a_local_resume_of_another_run_or_shape_is_refused_before_the_learner_is_built(
+    tmp_path, monkeypatch):
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  from agents.dqn import local_run  # pylint: disable=import-outside-toplevel
+  from agents.dqn.experiment import ExperimentConfig, run_experiment  # pylint: disable=import-outside-toplevel
+  experiment = ExperimentConfig(total_steps=300, logdir=str(tmp_path), quiet=True,
+                                loggers=("csv",))
+  config = DQNConfig(**_TINY)
+  run_experiment(experiment, config)  # Saves its final checkpoint.
+
+  def build(*args, **kwargs):
+    raise AssertionError("the resume built the learner (and compiled) before refusing")
+  monkeypatch.setattr(local_run.LocalSource, "__init__", build)
+  resume = dataclasses.replace(experiment, resume=True, total_steps=600)
+  with pytest.raises(checkpointing.CheckpointError,
+                     match=r"another run: `seed`=5 \(checkpoint: 0\)"):
+    run_experiment(dataclasses.replace(resume, seed=5), config)
+  with pytest.raises(checkpointing.CheckpointError,
+                     match=r"does not fit this run: `hidden_sizes`=32 \(checkpoint: 16\)"):
+    run_experiment(resume, dataclasses.replace(config, hidden_sizes=(32,)))
+  with pytest.raises(AssertionError, match="built the learner"):  # A fitting resume builds it.
+    run_experiment(resume, dataclasses.replace(config, learning_rate=5e-4))
+
+
+def test_a_restore_whose_arrays_do_not_fit_though_no_flag_differs_names_the_leaf(tmp_path):
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from agents.dqn import checkpoints  # pylint: disable=import-outside-toplevel
+  from agents.dqn.experiment import ExperimentConfig  # pylint: disable=import-outside-toplevel
+  experiment, config = ExperimentConfig(logdir=str(tmp_path), resume=True), DQNConfig(**_TINY)
+  run_checkpoints = checkpoints.RunCheckpoints(experiment, config)
+  meta = {"experiment": dataclasses.asdict(experiment), "config": dataclasses.asdict(config),
+          "replay_saved": True, "env_steps": 10}
+  run_checkpoints.checkpointer.save(10, {"w": jnp.zeros((4, 2))}, meta, host=None)
+  with pytest.raises(checkpointing.CheckpointError,
+                     match=r"does not fit this run: leaf \['w'\].*No flag differs from the "
+                           r"checkpoint's run \(was it made by another version\?\)"):
+    run_checkpoints.restore({"w": jnp.zeros((4, 3))})
+  run_checkpoints.close()

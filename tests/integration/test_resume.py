@@ -115,6 +115,10 @@ def test_anakin_sigkill_after_a_checkpoint_then_resume_is_exact(tmp_path):
                    "--eval_every=600")
   assert result.returncode == 2 and "split its budget" in result.stderr
   assert "--log_every=300" in result.stderr
+  # So would another iteration: a batch of another size draws another share of env steps.
+  result = run_dqn(f"--logdir={killed}", *args, "--resume", "--batch_size=64")
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert "env steps per iteration after a fill of" in result.stderr, result.stderr[-3000:]
 
 
 def test_sigterm_saves_at_the_next_step_and_resume_finishes_the_budget(tmp_path):
@@ -186,12 +190,12 @@ def test_skip_nonfinite_updates_counts_them_and_finishes(tmp_path):
   assert int(_rows(logdir / "train.csv")[-1]["nonfinite_updates"]) == summary["nonfinite_updates"]
 
 
-def test_resume_into_a_different_network_names_the_leaf_and_the_flag(saved_run, tmp_path):
+def test_resume_into_a_different_network_names_the_flags(saved_run, tmp_path):
   logdir = copy_run(saved_run, tmp_path)
   result = run_dqn(f"--flagfile={TINY}", f"--logdir={logdir}", "--total_steps=800",
                    "--resume", "--hidden_sizes=32", "--dueling", timeout=120)
   assert result.returncode == 2, result.stderr[-2000:]
-  assert "does not fit this run: leaf" in result.stderr
+  assert "change the shapes of the saved network" in result.stderr  # Said before building.
   assert "--hidden_sizes=32 (checkpoint: 16)" in result.stderr
   assert "--dueling=True (checkpoint: False)" in result.stderr
   assert "Traceback" not in result.stderr
