@@ -106,8 +106,9 @@ class AnakinPlan:
 
 def _check_resumable_plan(run_checkpoints, plan: AnakinPlan) -> Optional[int]:
   """The newest checkpoint's iteration and chunking must be this run's (one compiled chunk, same
-  budget; its run and state shapes: `checkpoints.check_start`). Returns how many devices its run split its seeds over (1 for checkpoints written before runs
-  split them), or None when its metadata cannot be read."""
+  budget; its run and state shapes: `checkpoints.check_start`). Returns how many devices its
+  run split its seeds over (1 for checkpoints written before runs split them), or None when
+  its metadata cannot be read."""
   step = run_checkpoints.checkpointer.latest_step()
   if step is None:  # `checkpoints.check_start` refused the run already.
     return None

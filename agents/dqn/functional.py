@@ -123,6 +123,10 @@ def learn(env_or_name, config: Union[DQNConfig, Dict[str, Any], None] = None,
       raise ConfigError(f"`{name}`: pass it as learn()'s own argument "
                         "(env_or_name, mode, key, total_steps).")
   logdir: Optional[str] = experiment_fields.pop("logdir", None)
+  resuming = experiment_fields.get("resume")
+  if resuming and not (logdir or experiment_fields.get("checkpoint_dir")):
+    raise ConfigError("`resume`=True: pass the `logdir` (or `checkpoint_dir`) of the run to "
+                      "continue; without one, learn() writes to a new temporary directory.")
   experiment = ExperimentConfig(
       env=env_name(env_or_name), run_mode=mode, total_steps=total_steps, seed=seed_of(key),
       logdir=logdir or tempfile.mkdtemp(prefix="acme_jax_dqn_learn_"), **experiment_fields)

@@ -117,7 +117,8 @@ def test_a_local_resume_of_another_run_or_shape_is_refused_before_the_learner_is
     tmp_path, monkeypatch):
   import dataclasses  # pylint: disable=import-outside-toplevel
   from agents.dqn import local_run  # pylint: disable=import-outside-toplevel
-  from agents.dqn.experiment import ExperimentConfig, run_experiment  # pylint: disable=import-outside-toplevel
+  from agents.dqn.experiment import (  # pylint: disable=import-outside-toplevel
+      ExperimentConfig, run_experiment)
   experiment = ExperimentConfig(total_steps=300, logdir=str(tmp_path), quiet=True,
                                 loggers=("csv",))
   config = DQNConfig(**_TINY)

@@ -129,6 +129,7 @@ def test_a_callback_that_raises_at_the_start_trains_nothing(tmp_path):
     (dict(eval_evry=100), r"^`eval_evry`: not an argument of learn\(\)"),
     (dict(seed=3), r"^`seed`: pass it as learn\(\)'s own argument"),
     (dict(config={"dueling": True, "hidden": 3}), r"^`config`: hidden is not a DQNConfig field"),
+    (dict(resume=True), r"^`resume`=True: pass the `logdir` \(or `checkpoint_dir`\) of the run"),
 ])
 def test_bad_arguments_are_one_line_naming_them(kwargs, message):
   with pytest.raises(ConfigError, match=message) as raised:
