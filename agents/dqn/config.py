@@ -23,12 +23,12 @@ class DQNConfig:
     v_max: highest atom of the C51 support.
     quantile: QR-DQN quantile head and quantile Huber loss (Dabney et al. 2018a); double_q and dueling compose with it.
     num_quantiles: quantiles per action of the QR-DQN head (200 in the paper).
-    quantile_huber_kappa: kappa of the quantile Huber loss (1 in the paper); 0 is the plain quantile loss.
+    quantile_huber_kappa: kappa of the quantile Huber loss (1 in the paper; rlax's Huber, without the paper's division by kappa); 0 is the plain quantile loss.
     munchausen: Munchausen DQN's target (Vieillard et al. 2020): a scaled, clipped log-policy bonus and a soft (entropy-regularised) bootstrap; with iqn it is M-IQN.
     munchausen_alpha: scale of the log-policy bonus (0.9 in the paper).
     munchausen_tau: entropy temperature of the softmax policy (0.03 in the paper).
     munchausen_clip: l0, the lower clip of the scaled log-policy tau * log pi in the bonus (-1 in the paper).
-    layer_norm: a LayerNorm before each hidden ReLU of the torso's MLP (any variant).
+    layer_norm: a LayerNorm before each hidden ReLU of the torso's MLP (any variant but fused_loss).
     iqn: IQN (Dabney et al. 2018b): quantiles at sampled fractions, embedded by cosines; the quantile Huber loss (quantile_huber_kappa) over N x N' sampled fractions, the greedy action from K; double_q and dueling compose with it.
     iqn_num_cosines: cosines of the fraction embedding (64 in the paper).
     iqn_num_taus: N, the online network's sampled fractions per example (64 in the paper).
@@ -45,18 +45,18 @@ class DQNConfig:
     hidden_sizes: MLP layer sizes (after the convolutions for image torsos).
     torso: "auto" (MLP for vectors, Nature conv for images, MinAtar conv for images under 36x36), "mlp", "nature_conv" or "minatar_conv".
     conv_impl: how the conv torsos convolve: "patches" (the image's k x k patches times a matrix, plain matrix products), "lax_conv" (jax.lax.conv_general_dilated; cuDNN on NVIDIA GPUs) or "auto" (patches for the MinAtar torso on the CPU, where they run faster, lax_conv otherwise). Either gives the same parameters and function.
-    huber_delta: Huber loss threshold; 0 uses the squared loss 0.5 * td**2.
-    fused_loss: the TD loss and its gradient in one Pallas kernel per seed, with the batch and every activation kept in the kernel (acme_jax_dqn/fused_loss.py): for GPUs (Triton); elsewhere Pallas interprets it, slower than the default. Q-learning or double Q-learning of an MLP torso with a linear Q head only, at most 128 inputs, units per layer and actions.
+    huber_delta: Huber threshold of the Q-value losses (DQN, double Q, Munchausen DQN, PQN, fused_loss; C51, QR-DQN and IQN use quantile_huber_kappa); 0 uses the squared loss 0.5 * td**2, PQN's (its presets set 0).
+    fused_loss: the TD loss and its gradient in one Pallas kernel per seed, with the batch and every activation kept in the kernel (acme_jax_dqn/fused_loss.py): for GPUs (Triton); elsewhere Pallas interprets it, slower than the default. Q-learning or double Q-learning of a plain MLP torso (no layer_norm, noisy or munchausen) with a linear Q head only, at most 128 inputs, units per layer and actions.
     reward_clip: clip each env reward to [-c, c] before the n-step sum, as DQN and Rainbow on Atari (0: off; episode returns stay unclipped).
     learning_rate: Adam step size (initial value when a schedule is set).
-    learning_rate_schedule: "constant", "linear" or "cosine" decay over learner steps.
+    learning_rate_schedule: "constant", "linear" or "cosine" decay over learning_rate_decay_steps applied updates.
     learning_rate_end: learning rate reached at the end of the decay.
     learning_rate_decay_steps: applied updates of the decay (0 keeps it constant); with gradient accumulation an update is k SGD steps.
     adam_eps: Adam's epsilon (Dopamine uses 1.5e-4 for Atari DQN).
     max_grad_norm: clip gradients to this global norm; 0 turns clipping off.
     gradient_accumulation_steps: average gradients over k SGD steps before applying (optax.MultiSteps); the lr schedule, target updates and PER beta count applied updates.
     num_sgd_steps_per_step: SGD steps in one learner call (one jitted scan).
-    batch_size: transitions per SGD step.
+    batch_size: transitions per SGD step (not PQN's: its minibatch is num_envs x pqn_rollout_len / pqn_minibatches).
     replay_capacity: transitions the replay holds; the oldest are overwritten.
     min_replay_size: transitions in replay before learning starts.
     samples_per_insert: sampled transitions per inserted one (e.g. batch 32 every 4 steps = 8).
@@ -65,7 +65,7 @@ class DQNConfig:
     importance_sampling_exponent: beta at the start of learning.
     importance_sampling_exponent_end: beta reached after the annealing.
     importance_sampling_anneal_steps: applied updates to anneal beta over (0 keeps it constant); with gradient accumulation an update is k SGD steps.
-    priority_epsilon: added to new priorities so no transition gets priority 0.
+    priority_epsilon: added to new priorities so no sampled transition gets priority 0 (a non-finite TD error gets 0, so it is not drawn again).
     target_update_period: applied updates between target updates (SGD steps, or k-step groups under gradient accumulation).
     target_update_tau: each target update moves tau of the way to the online params (1 copies them).
     epsilon_start: exploration epsilon at the first env step.
@@ -75,7 +75,7 @@ class DQNConfig:
     apex_epsilons: one fixed epsilon per env copy of the run (N = num_envs, times num_actors in distributed mode), base ** (1 + alpha * i / (N - 1)) (Horgan et al. 2018), instead of the linear schedule.
     apex_epsilon_base: base of the Ape-X epsilons (0.4 in the paper).
     apex_epsilon_alpha: alpha of the Ape-X epsilons (7 in the paper).
-    variable_update_period: actor calls (one per batch of env copies) between parameter pulls.
+    variable_update_period: local and distributed modes: actor calls (one per batch of env copies) between parameter pulls; anakin acts on the newest parameters.
     num_envs: environment copies stepped together by one actor.
   """
   discount: float = 0.99

@@ -25,12 +25,17 @@ class ExperimentConfig:
       whole run compiled on a JAX environment) or "distributed" (replay, learner and
       `num_actors` actors on Ray).
     seed: seeds parameters, exploration, replay sampling and environments.
-    total_steps: environment steps to train for (all env copies counted).
+    total_steps: environment steps to train for (all env copies counted; anakin: per seed,
+      rounded down to whole compiled chunks).
     logdir: where train.csv, eval.csv and summary.json go.
-    eval_episodes: greedy episodes at each evaluation and at the end.
+    eval_episodes: evaluation episodes (acting with `eval_epsilon`; anakin: per seed) at each
+      evaluation and at the end.
     eval_every: env steps between evaluations (0: only at the end).
-    log_every: env steps between progress lines and train.csv rows.
-    quiet: no progress lines on the terminal.
+    log_every: env steps between progress lines and train.csv rows (anakin: a row per compiled
+      chunk, the least of `log_every`, `eval_every` and `checkpoint_every`; a resume keeps
+      all three).
+    quiet: no progress bar and no train or eval rows on the terminal (files and warnings as
+      ever).
     num_seeds: seeds trained at once in one compiled program (anakin mode):
       seed, seed + 1, ..., seed + num_seeds - 1.
     compilation_cache_dir: JAX's persistent compilation cache ("" is off):
@@ -38,7 +43,8 @@ class ExperimentConfig:
       mode the Ray nodes too, when the run starts Ray on this machine).
     one_cpu_core: run XLA's CPU client on one core (faster compiled loops,
       slower cold compiles; on 2 cores the compiled anakin loop ran 1.1-1.5x
-      faster, a cold compile 1.6x slower).
+      faster, a cold compile 1.6x slower). Local and anakin modes; distributed
+      mode's Ray nodes run on one core each anyway.
     cpu_devices: anakin mode on the CPU: XLA CPU devices the seeds split over,
       each block of seeds its own program on its own thread (0: one per seed,
       up to 64, with an MLP torso; one with a conv torso, whose ops use every
@@ -54,6 +60,8 @@ class ExperimentConfig:
       default), "rbg" or "unsafe_rbg" (XLA's RngBitGenerator: less to compile;
       "unsafe_rbg" also splits keys without threefry). Other random streams, so
       other runs; a checkpoint resumes only with the implementation that made it.
+      "rbg" and "unsafe_rbg" take one seed per device (anakin refuses several seeds
+      on one device).
     scan_unroll: anakin mode: training iterations per step of the compiled loop
       over iterations (`lax.scan`'s unroll). The same computation; on a GPU
       more iterations per step means fewer kernel launches per iteration and
@@ -65,13 +73,17 @@ class ExperimentConfig:
     checkpoint_every: env steps between checkpoints (0: at the end and on
       SIGTERM / Ctrl-C only).
     keep_checkpoints: newest checkpoints kept (0 keeps all).
-    checkpoint_replay: save the replay buffer too (what makes resume exact;
-      without it a resumed run refills replay first).
-    resume: continue from the newest checkpoint in `checkpoint_dir` toward
-      the same `total_steps` (the budget is the whole run's).
-    skip_nonfinite_updates: on a non-finite loss or gradient, skip the
-      update and go on (counted in train.csv) instead of stopping the run.
-    num_actors: distributed mode: actor nodes (each its own epsilon under `apex_epsilons`).
+    checkpoint_replay: local and distributed modes: save the replay buffer too
+      (in local mode what makes resume exact; without it a resumed run refills
+      replay first). Anakin mode always saves it.
+    resume: continue from the newest readable checkpoint in `checkpoint_dir`
+      toward `total_steps`, the whole run's budget (anakin: the checkpoint's;
+      local and distributed mode warn when it differs).
+    skip_nonfinite_updates: go on after a non-finite loss or gradient (such an
+      update is never applied; counted in train.csv) instead of stopping the
+      run at the next train row or checkpoint.
+    num_actors: distributed mode: actor nodes (under `apex_epsilons` each env copy of each
+      actor has its own epsilon).
     ray_address: distributed mode: HOST:PORT of a Ray cluster to join ("" starts
       Ray on this machine, or joins $RAY_ADDRESS when set).
     max_learner_steps: distributed mode: also stop at this many learner steps
