@@ -34,7 +34,7 @@ class DQNConfig:
     iqn_num_taus: N, the online network's sampled fractions per example (64 in the paper).
     iqn_num_target_taus: N', the target network's fractions per example (64 in the paper).
     iqn_num_policy_taus: K, the fractions behind the Q-values that pick actions (32 in the paper).
-    noisy: factorised Gaussian noisy layers in the head (Fortunato et al. 2018): fresh noise per learner step (online and target apart) and per acting step, mean weights at evaluation. On the command line it sets epsilon_start and epsilon_end to 0 unless they are given.
+    noisy: factorised Gaussian noisy layers in the head (Fortunato et al. 2018): fresh noise per learner step (online and target apart) and per acting step, mean weights at evaluation. On the command line it sets epsilon_start and epsilon_end to 0 unless they are given beside it (a flagfile's epsilons give way to --noisy written on the command line).
     noisy_torso: noisy layers in the torso's MLP too (with noisy).
     noisy_sigma0: sigma0 of the noisy layers' initial noise scale, sigma0 / sqrt(fan_in) (0.5 in the paper).
     pqn: PQN (Gallici et al. 2024): no target network and no replay; each update collects num_envs x pqn_rollout_len steps, computes Q(lambda) returns (terminations and truncations kept apart) and runs pqn_epochs epochs of pqn_minibatches minibatches. Anakin and local modes; use it with layer_norm.

@@ -91,8 +91,8 @@ class ExperimentConfig:
     actor_resource: distributed mode: a Ray custom resource the actor nodes
       require, to place them on the cluster nodes that offer it ("" places them
       anywhere).
-    actor_insert_batch: distributed mode: transitions an actor sends to replay
-      per call.
+    actor_insert_batch: distributed mode: transitions an actor stages before it sends
+      them to replay (at least this many a send; the replay writes chunks of this size).
     loggers: where train and eval rows go: any of "terminal", "csv" (train.csv,
       eval.csv), "tensorboard" (event files in `logdir`) and "wandb" (an extra
       install).
