@@ -168,20 +168,19 @@ def check_start(experiment, config: DQNConfig) -> None:
   """
   run_checkpoints = RunCheckpoints(experiment, config)
   try:
-    step = run_checkpoints.checkpointer.latest_step() if experiment.resume else None
     if not experiment.resume:
       run_checkpoints.check_fresh_start()
-    elif step is None:
+      return
+    step = run_checkpoints.checkpointer.latest_step()
+    if step is None:
       raise checkpointing.CheckpointError(
           f"`resume`: no checkpoint in {run_checkpoints.directory}. Start without `resume`, "
           "or point `checkpoint_dir` at the directory of the run to continue.")
-    else:
-      try:
-        meta = run_checkpoints.checkpointer.read_meta(step)
-      except (OSError, ValueError):
-        meta = None
-      if meta is not None:
-        run_checkpoints.check_same_run(meta, step)
+    try:
+      meta = run_checkpoints.checkpointer.read_meta(step)
+    except (OSError, ValueError):
+      return  # The restore deals with unreadable checkpoints.
+    run_checkpoints.check_same_run(meta, step)
   finally:
     run_checkpoints.close()
 
