@@ -54,10 +54,12 @@ def tree_layout(tree) -> List[List[Any]]:
 
 
 def abstract_tree(tree):
-  """ShapeDtypeStructs (with shardings) for a tree of arrays: a restore target that holds no memory."""
+  """ShapeDtypeStructs (with shardings) for a tree of arrays (or of ShapeDtypeStructs): a
+  restore target that holds no memory."""
   def abstract(leaf):
     sharding = getattr(leaf, "sharding", None)
-    return jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype, sharding=sharding)
+    shape = leaf.shape if hasattr(leaf, "shape") else np.shape(leaf)
+    return jax.ShapeDtypeStruct(shape, leaf.dtype, sharding=sharding)
   return jax.tree.map(abstract, tree)
 
 

@@ -14,7 +14,8 @@ of its own (`seed_layout.warmup_loops`): the chunks before, across and
 after the start of learning are then up to three programs. Each program
 compiles on a thread of its own as soon as it is lowered, the init and the
 first chunk first; a CPU run waits for all of them before training, an
-accelerator only for those two.
+accelerator only for those two. A resumed run reads its checkpoint before
+anything compiles (`agents.dqn.anakin_resume`) and compiles no init.
 """
 
 import concurrent.futures
@@ -33,9 +34,8 @@ from acme_jax_dqn import envs
 from acme_jax_dqn import loggers
 from acme_jax_dqn import networks as networks_lib
 from acme_jax_dqn import rate_limiting
-from acme_jax_dqn import replay as replay_lib
 from acme_jax_dqn import seeding
-from agents.dqn import checkpoints
+from agents.dqn import anakin_resume
 from agents.dqn import seed_layout
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import ConfigError, DQNConfig
@@ -102,42 +102,6 @@ class AnakinPlan:
     return {"steps_per_iteration": self.steps_per_iteration,
             "fill_env_steps": self.fill_env_steps, "num_chunks": self.num_chunks,
             "iterations_per_chunk": self.iterations_per_chunk}
-
-
-def _check_resumable_plan(run_checkpoints, plan: AnakinPlan) -> Optional[int]:
-  """The newest checkpoint's iteration and chunking must be this run's (one compiled chunk, same
-  budget; its run and state shapes: `checkpoints.check_start`). Returns how many devices its
-  run split its seeds over (1 for checkpoints written before runs split them), or None when
-  its metadata cannot be read."""
-  step = run_checkpoints.checkpointer.latest_step()
-  if step is None:  # `checkpoints.check_start` refused the run already.
-    return None
-  try:
-    meta = run_checkpoints.checkpointer.read_meta(step)
-  except (OSError, ValueError):
-    return None  # The restore deals with unreadable checkpoints.
-  saved = meta.get("plan")
-  shape = ("steps_per_iteration", "fill_env_steps")
-  if saved is not None and any(saved[k] != plan.as_dict()[k] for k in shape):
-    raise checkpointing.CheckpointError(
-        f"`resume`: the checkpoint's run took {saved['steps_per_iteration']} env steps per "
-        f"iteration after a fill of {saved['fill_env_steps']}, and this run takes "
-        f"{plan.steps_per_iteration} after {plan.fill_env_steps}: another compiled program, "
-        "so it cannot continue the run. `num_envs`, `n_step`, `batch_size`, "
-        "`num_sgd_steps_per_step` and `samples_per_insert` (and this version's "
-        "samples-per-insert rule, acme_jax_dqn/rate_limiting.py) set the iteration: resume "
-        "with the checkpoint's values and the version that wrote it, or start a new run.")
-  if saved is not None and saved != plan.as_dict():
-    experiment = meta.get("experiment", {})
-    flags_text = ", ".join(f"`{name}`={experiment.get(name)}" for name in
-                           ("log_every", "eval_every", "checkpoint_every", "total_steps"))
-    raise checkpointing.CheckpointError(
-        f"`resume`: the checkpoint's run split its budget into {saved['num_chunks']} chunks "
-        f"of {saved['iterations_per_chunk']} iterations, and these flags give "
-        f"{plan.num_chunks} of {plan.iterations_per_chunk}. In anakin mode `log_every`, "
-        "`eval_every`, `checkpoint_every` and `total_steps` set the chunks of the compiled "
-        f"program: resume with the checkpoint's values ({flags_text}).")
-  return int(meta.get("seed_devices", 1))
 
 
 def _compile_queue(workers: Optional[int]) -> concurrent.futures.ThreadPoolExecutor:
@@ -217,13 +181,9 @@ class AnakinSource(Source):
         config.num_envs)
     if warning:
       loggers.warn(warning)
-    saved_devices = None
-    if experiment.resume:  # Before compiling: a plan that differs costs seconds, not a compile.
-      run_checkpoints = checkpoints.RunCheckpoints(experiment, config)
-      try:
-        saved_devices = _check_resumable_plan(run_checkpoints, plan)
-      finally:
-        run_checkpoints.close()
+    saved_devices = None  # Before compiling: a plan that differs costs seconds, not a compile.
+    if experiment.resume:
+      saved_devices = anakin_resume.check_plan(experiment, config, plan)
     num_seeds = experiment.num_seeds
     self._mesh = mesh = seed_layout.seed_mesh(
         num_seeds, experiment.cpu_devices,
@@ -239,6 +199,11 @@ class AnakinSource(Source):
     state_shape = jax.eval_shape(init, jax.ShapeDtypeStruct((num_seeds, *key.shape), key.dtype))
     seed_layout.check_memory(state_shape, mesh, num_seeds, config, jax.eval_shape(
         lambda k: anakin_lib.reset_copies(env, k, experiment.eval_episodes), key))
+    self._resumed = None  # A resumed run reads its checkpoint before anything compiles (a
+    if experiment.resume:  # damaged or unfit one then costs no compile) and runs no init.
+      self._resumed = anakin_resume.read_checkpoint(experiment, config, self.spec, state_shape,
+                                                    mesh)
+      phase("checkpoint_read")
     self.seeds = seeds = [experiment.seed + i for i in range(num_seeds)]
     train_keys = seeding.keys_of(seeds)
     # Evaluation has its own stream per seed.
@@ -260,8 +225,9 @@ class AnakinSource(Source):
     # accelerator trains while the host compiles the later programs.
     compiles = _compile_queue(compile_workers)
     first, *later = dict.fromkeys(self._warmups)
-    init_program = compiles.submit(compile_then_note(init.lower(train_keys), "init_compiled"))
-    phase("init_lowered")
+    if not self._resumed:
+      init_program = compiles.submit(compile_then_note(init.lower(train_keys), "init_compiled"))
+      phase("init_lowered")
     self._chunk_programs: Dict[Optional[int], Any] = {
         first: compiles.submit(compile_then_note(lower_chunk(first), "first_chunk_compiled"))}
     phase("first_chunk_lowered")
@@ -276,7 +242,8 @@ class AnakinSource(Source):
     phase("all_lowered")
     compiles.shutdown(wait=False)
     self._checked: set = set()
-    self._state = self._ready(init_program, "initialisation")(train_keys)
+    self._state = (self._resumed[0]["anakin"] if self._resumed
+                   else self._ready(init_program, "initialisation")(train_keys))
     waits = ([self._evaluate, *self._chunk_programs.values()] if jax.default_backend() == "cpu"
              else [self._chunk_programs[first]])
     for program in waits:
@@ -309,12 +276,8 @@ class AnakinSource(Source):
     return self._chunks >= self._plan.num_chunks
 
   def restore(self, run_checkpoints):
-    target = checkpointing.abstract_tree({"anakin": self._state})
-    self._state = None  # The fresh state's memory goes before the restored one comes.
-    codec = replay_lib.item_codec(DQNBuilder(self._config).example_transition(self.spec))
-    arrays, meta, host = run_checkpoints.restore(  # Also checkpoints whose replay is unpacked.
-        target, replay_lib.unpacked_layout(target, codec))
-    self._state = arrays["anakin"]
+    _, meta, host = run_checkpoints.adopt(self._resumed)  # The state was read before compiling.
+    self._resumed = None
     self._chunks, self.learner_steps = host["chunks"], host["learner_steps"]
     self._last_row = dict(host["last_row"])
     self.env_steps = self._first_step = int(meta["env_steps"])

@@ -297,12 +297,18 @@ class RunCheckpoints:
 
   def restore(self, target, earlier=None) -> Tuple[Any, Dict[str, Any], Any]:
     """Restores the newest readable checkpoint into `target`'s structure (or into the
-    `earlier` layout, as `checkpointing.Checkpointer.restore` takes it).
+    `earlier` layout, as `checkpointing.Checkpointer.restore` takes it): `read`, then `adopt`.
 
     Raises CheckpointError when there is none or its layout differs (the
     message names the leaf and the flags that differ); warns when other
     flags differ, since the resumed run is then not the one that was saved.
     """
+    return self.adopt(self.read(target, earlier))
+
+  def read(self, target, earlier=None) -> Tuple[Any, Dict[str, Any], Any, int]:
+    """The newest readable checkpoint in `target`'s structure, as (arrays, meta, host, step);
+    `target` may be abstract (shapes, dtypes and shardings), so a run can read its checkpoint
+    before it compiles. Damaged checkpoints are set aside on the way."""
 
     def explain(meta):
       differences = self._flag_differences(meta)
@@ -310,8 +316,14 @@ class RunCheckpoints:
         return " No flag differs from the checkpoint's run (was it made by another version?)."
       return " Flags that differ from the checkpoint's run: " + "; ".join(differences) + "."
 
-    arrays, meta, host, step = self.checkpointer.restore(
+    return self.checkpointer.restore(
         checkpointing.abstract_tree(target), explain=explain, earlier=earlier)
+
+  def adopt(self, restored: Tuple[Any, Dict[str, Any], Any, int]
+            ) -> Tuple[Any, Dict[str, Any], Any]:
+    """Takes what `read` gave (perhaps by another instance) as this run's start; returns
+    (arrays, meta, host)."""
+    arrays, meta, host, step = restored
     self.check_same_run(meta, step)
     differences = self._flag_differences(meta)
     if differences:

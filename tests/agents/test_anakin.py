@@ -724,6 +724,51 @@ def test_packed_replay_items_train_the_same_run_and_a_resume_reads_unpacked_chec
   assert resumed["eval_return_per_seed"] == packed["eval_return_per_seed"]
 
 
+def test_a_resume_reads_its_checkpoint_before_anything_compiles_and_runs_no_init(
+    tmp_path, monkeypatch):
+  """A resumed run reads its checkpoint into the shapes of the state before it compiles: with
+  every checkpoint damaged it is refused (each set aside) before any program compiles; from a
+  readable one it compiles no init program and finishes as the uninterrupted run."""
+  import glob  # pylint: disable=import-outside-toplevel
+  import shutil  # pylint: disable=import-outside-toplevel
+  config = _tiny_config(num_envs=2, min_replay_size=200)
+
+  def experiment(name, resume=False):
+    return ExperimentConfig(env="gymnax:CartPole-v1", run_mode="anakin", num_seeds=2,
+                            total_steps=1200, log_every=400, checkpoint_every=400,
+                            eval_episodes=2, quiet=True, logdir=str(tmp_path / name),
+                            resume=resume)
+  full = run_experiment(experiment("full"), config)
+  for name in ("damaged", "cut"):
+    shutil.copytree(tmp_path / "full", tmp_path / name)
+  saved = sorted(int(d) for d in os.listdir(tmp_path / "cut" / "checkpoints"))
+  shutil.rmtree(tmp_path / "cut" / "checkpoints" / str(saved[-1]))
+  data = glob.glob(str(tmp_path / "damaged" / "checkpoints" / "*" / "state" / "**" / "d" / "*"),
+                   recursive=True)
+  assert data
+  for path in data:
+    with open(path, "wb") as f:
+      f.write(b"cut off")
+  compiled = []  # The arguments of each program compiled.
+  original = jax.stages.Lowered.compile
+
+  def compile_and_note(lowered, *args, **kwargs):
+    compiled.append(len(lowered.in_tree.children()[0].children()))
+    return original(lowered, *args, **kwargs)
+  monkeypatch.setattr(jax.stages.Lowered, "compile", compile_and_note)
+  with pytest.raises(checkpointing.CheckpointError, match="No readable checkpoint"):
+    run_experiment(experiment("damaged", resume=True), config)
+  assert not compiled
+  set_aside = os.listdir(tmp_path / "damaged" / "checkpoints")
+  assert sorted(int(d.split("-")[1]) for d in set_aside) == saved  # None deleted.
+  resumed = run_experiment(experiment("cut", resume=True), config)
+  assert resumed["resumed_from_step"] == saved[-2]
+  assert 1 not in compiled and 2 in compiled  # No init (its keys); the chunk (state, index).
+  assert resumed["params_checksum"] == full["params_checksum"]
+  assert "checkpoint_read" in resumed["compile_phases_s"]
+  assert "init_compiled" not in resumed["compile_phases_s"]
+
+
 def _stored_count(buffer_state):
   return jnp.where(buffer_state.is_full, buffer_state.experience.observation.shape[1],
                    buffer_state.current_index)

@@ -1,0 +1,77 @@
+"""What a resumed anakin run checks and reads before it compiles: the checkpoint's compiled
+iteration and chunking, then its state, read into the shapes of the state this run's init
+would make (a damaged or unfit checkpoint then costs no compile, and the run needs no init).
+"""
+
+from typing import Optional
+
+import jax
+from jax.sharding import PartitionSpec as P
+
+from acme_jax_dqn import checkpointing
+from acme_jax_dqn import replay as replay_lib
+from agents.dqn import checkpoints
+from agents.dqn.builder import DQNBuilder
+from agents.dqn.config import DQNConfig
+from agents.dqn.experiment_config import ExperimentConfig
+
+
+def check_plan(experiment: ExperimentConfig, config: DQNConfig, plan) -> Optional[int]:
+  """Raises CheckpointError when the newest checkpoint's iteration or chunking is not `plan`'s
+  (an `agents.dqn.anakin.AnakinPlan`): one compiled chunk, the same budget (its run and state
+  shapes: `checkpoints.check_start`). Returns how many devices its run split its seeds over
+  (1 for checkpoints written before runs split them), or None when its metadata cannot be
+  read."""
+  run_checkpoints = checkpoints.RunCheckpoints(experiment, config)
+  try:
+    return _plan_differences(run_checkpoints, plan)
+  finally:
+    run_checkpoints.close()
+
+
+def _plan_differences(run_checkpoints, plan) -> Optional[int]:
+  """`check_plan` with the run's checkpoints open."""
+  step = run_checkpoints.checkpointer.latest_step()
+  if step is None:  # `checkpoints.check_start` refused the run already.
+    return None
+  try:
+    meta = run_checkpoints.checkpointer.read_meta(step)
+  except (OSError, ValueError):
+    return None  # The restore deals with unreadable checkpoints.
+  saved = meta.get("plan")
+  shape = ("steps_per_iteration", "fill_env_steps")
+  if saved is not None and any(saved[k] != plan.as_dict()[k] for k in shape):
+    raise checkpointing.CheckpointError(
+        f"`resume`: the checkpoint's run took {saved['steps_per_iteration']} env steps per "
+        f"iteration after a fill of {saved['fill_env_steps']}, and this run takes "
+        f"{plan.steps_per_iteration} after {plan.fill_env_steps}: another compiled program, "
+        "so it cannot continue the run. `num_envs`, `n_step`, `batch_size`, "
+        "`num_sgd_steps_per_step` and `samples_per_insert` (and this version's "
+        "samples-per-insert rule, acme_jax_dqn/rate_limiting.py) set the iteration: resume "
+        "with the checkpoint's values and the version that wrote it, or start a new run.")
+  if saved is not None and saved != plan.as_dict():
+    experiment = meta.get("experiment", {})
+    flags_text = ", ".join(f"`{name}`={experiment.get(name)}" for name in
+                           ("log_every", "eval_every", "checkpoint_every", "total_steps"))
+    raise checkpointing.CheckpointError(
+        f"`resume`: the checkpoint's run split its budget into {saved['num_chunks']} chunks "
+        f"of {saved['iterations_per_chunk']} iterations, and these flags give "
+        f"{plan.num_chunks} of {plan.iterations_per_chunk}. In anakin mode `log_every`, "
+        "`eval_every`, `checkpoint_every` and `total_steps` set the chunks of the compiled "
+        f"program: resume with the checkpoint's values ({flags_text}).")
+  return int(meta.get("seed_devices", 1))
+
+
+def read_checkpoint(experiment: ExperimentConfig, config: DQNConfig, spec, state_shape, mesh):
+  """The newest readable checkpoint as `RunCheckpoints.read` gives it, its state placed as the
+  init places a fresh one (every leaf split over the seeds); also a checkpoint whose replay
+  stores its items unpacked."""
+  sharding = jax.sharding.NamedSharding(mesh, P("seeds"))
+  target = {"anakin": jax.tree.map(
+      lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding), state_shape)}
+  codec = replay_lib.item_codec(DQNBuilder(config).example_transition(spec))
+  run_checkpoints = checkpoints.RunCheckpoints(experiment, config)
+  try:
+    return run_checkpoints.read(target, replay_lib.unpacked_layout(target, codec))
+  finally:
+    run_checkpoints.close()
