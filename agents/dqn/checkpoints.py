@@ -306,9 +306,9 @@ class RunCheckpoints:
     return self.adopt(self.read(target, earlier))
 
   def read(self, target, earlier=None) -> Tuple[Any, Dict[str, Any], Any, int]:
-    """The newest readable checkpoint in `target`'s structure, as (arrays, meta, host, step);
-    `target` may be abstract (shapes, dtypes and shardings), so a run can read its checkpoint
-    before it compiles. Damaged checkpoints are set aside on the way."""
+    """The newest readable checkpoint in `target`'s structure, made by the same run, as (arrays,
+    meta, host, step); `target` may be abstract (shapes, dtypes and shardings), so a run can
+    read its checkpoint before it compiles. Damaged checkpoints are set aside on the way."""
 
     def explain(meta):
       differences = self._flag_differences(meta)
@@ -316,15 +316,16 @@ class RunCheckpoints:
         return " No flag differs from the checkpoint's run (was it made by another version?)."
       return " Flags that differ from the checkpoint's run: " + "; ".join(differences) + "."
 
-    return self.checkpointer.restore(
+    arrays, meta, host, step = self.checkpointer.restore(
         checkpointing.abstract_tree(target), explain=explain, earlier=earlier)
+    self.check_same_run(meta, step)  # `check_start` read the newest; this may be older.
+    return arrays, meta, host, step
 
   def adopt(self, restored: Tuple[Any, Dict[str, Any], Any, int]
             ) -> Tuple[Any, Dict[str, Any], Any]:
     """Takes what `read` gave (perhaps by another instance) as this run's start; returns
     (arrays, meta, host)."""
     arrays, meta, host, step = restored
-    self.check_same_run(meta, step)
     differences = self._flag_differences(meta)
     if differences:
       loggers.warn("resuming with flags that differ from the checkpoint's run, so the "
