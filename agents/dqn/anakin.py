@@ -15,7 +15,7 @@ after the start of learning are then up to three programs. Each program
 compiles on a thread of its own as soon as it is lowered, the init and the
 first chunk first; a CPU run waits for all of them before training, an
 accelerator only for those two. A resumed run reads its checkpoint before
-anything compiles (`agents.dqn.anakin_resume`) and compiles no init.
+anything compiles (`agents.dqn.resume`) and compiles no init.
 """
 
 import concurrent.futures
@@ -35,7 +35,7 @@ from acme_jax_dqn import loggers
 from acme_jax_dqn import networks as networks_lib
 from acme_jax_dqn import rate_limiting
 from acme_jax_dqn import seeding
-from agents.dqn import anakin_resume
+from agents.dqn import resume
 from agents.dqn import seed_layout
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import ConfigError, DQNConfig
@@ -183,7 +183,7 @@ class AnakinSource(Source):
       loggers.warn(warning)
     saved_devices = None  # Before compiling: a plan that differs costs seconds, not a compile.
     if experiment.resume:
-      saved_devices = anakin_resume.check_plan(experiment, config, plan)
+      saved_devices = resume.check_plan(experiment, config, plan)
     num_seeds = experiment.num_seeds
     self._mesh = mesh = seed_layout.seed_mesh(
         num_seeds, experiment.cpu_devices,
@@ -201,8 +201,7 @@ class AnakinSource(Source):
         lambda k: anakin_lib.reset_copies(env, k, experiment.eval_episodes), key))
     self._resumed = None  # A resumed run reads its checkpoint before anything compiles (a
     if experiment.resume:  # damaged or unfit one then costs no compile) and runs no init.
-      self._resumed = anakin_resume.read_checkpoint(experiment, config, self.spec, state_shape,
-                                                    mesh)
+      self._resumed = resume.read_anakin(experiment, config, self.spec, state_shape, mesh)
       phase("checkpoint_read")
     self.seeds = seeds = [experiment.seed + i for i in range(num_seeds)]
     train_keys = seeding.keys_of(seeds)

@@ -18,7 +18,9 @@ from acme_jax_dqn import envs
 from acme_jax_dqn import loggers
 from acme_jax_dqn import seeding
 from acme_jax_dqn import specs
+from agents.dqn import resume
 from agents.dqn import summary as summary_lib
+from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import ConfigError, DQNConfig
 from agents.dqn.local import LocalAgent
 from agents.dqn.run_loop import Source
@@ -82,6 +84,14 @@ class LocalSource(Source):
       self._eval_environment = envs.make_environment(
           experiment.env, seed=seeding.derive_seed(seed, seeding.Stream.EVAL_ENV))
       self.spec = specs.make_environment_spec(self._environment)
+      if experiment.resume:  # Read before anything compiles: a damaged or unfit one costs none.
+        builder = DQNBuilder(config)
+        target = resume.local_target(builder, builder.make_networks(self.spec, experiment.env),
+                                     self.spec, experiment.checkpoint_replay)
+    except ValueError as error:
+      raise ConfigError(str(error)) from error
+    self._resumed = resume.read(experiment, config, target) if experiment.resume else None
+    try:
       agent_key, eval_key = jax.random.split(jax.random.PRNGKey(seed))
       self.agent = LocalAgent(self.spec, config, agent_key, num_envs=self._num_envs,
                               env_name=experiment.env)
@@ -111,9 +121,8 @@ class LocalSource(Source):
     return self.env_steps >= self._experiment.total_steps
 
   def restore(self, run_checkpoints):
-    target, _ = self.agent.checkpoint(include_replay=self._experiment.checkpoint_replay)
-    arrays, meta, host = run_checkpoints.restore(target)
-    del target
+    arrays, meta, host = run_checkpoints.adopt(self._resumed)  # Read before compiling.
+    self._resumed = None
     self.agent.restore(arrays, host["agent"])
     self._resume_exact = (bool(meta.get("environment_saved"))
                           and bool(meta.get("replay_saved")))

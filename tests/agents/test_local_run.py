@@ -187,6 +187,45 @@ def test_local_run_uses_its_prng_and_a_resume_with_another_names_the_flag(tmp_pa
   assert run_experiment(make("unsafe_rbg", True), config)["env_steps"] == 400
 
 
+def test_a_resume_from_damaged_checkpoints_is_refused_before_anything_compiles(tmp_path):
+  """Local mode reads the checkpoint into the shapes its init would make (`jax.eval_shape`)
+  before it builds the agent: with every checkpoint damaged, no program has compiled when the
+  run is refused, and each checkpoint is set aside, none deleted."""
+  import glob  # pylint: disable=import-outside-toplevel
+  import logging  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  from acme_jax_dqn import checkpointing  # pylint: disable=import-outside-toplevel
+  config = DQNConfig(hidden_sizes=(16,), batch_size=16, min_replay_size=100,
+                     replay_capacity=1000, samples_per_insert=4.0)
+
+  def experiment(resume=False):
+    return ExperimentConfig(env="gymnasium:CartPole-v1", total_steps=400, checkpoint_every=200,
+                            eval_every=0, log_every=200, eval_episodes=1, quiet=True,
+                            logdir=str(tmp_path), resume=resume)
+  run_experiment(experiment(), config)
+  data = glob.glob(str(tmp_path / "checkpoints" / "*" / "state" / "**" / "d" / "*"),
+                   recursive=True)
+  assert data
+  for path in data:
+    with open(path, "wb") as f:
+      f.write(b"cut off")
+  messages = []
+
+  class Messages(logging.Handler):
+    def emit(self, record):
+      messages.append(record.getMessage())
+  handler, jax_logger = Messages(), logging.getLogger("jax")
+  jax_logger.addHandler(handler)
+  try:
+    with jax.log_compiles(), pytest.raises(checkpointing.CheckpointError,
+                                           match="No readable checkpoint"):
+      run_experiment(experiment(resume=True), config)
+  finally:
+    jax_logger.removeHandler(handler)
+  assert not [m for m in messages if "Compiling" in m], messages
+  assert sorted(int(d.split("-")[1]) for d in os.listdir(tmp_path / "checkpoints")) == [200, 400]
+
+
 def test_the_cache_variables_are_the_settings_jax_reads_in_a_fresh_process(tmp_path):
   """A Ray node of a distributed run gets the cache as environment variables: JAX must read
   each of them at import as the setting `enable_compilation_cache` makes."""

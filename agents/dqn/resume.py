@@ -1,6 +1,7 @@
-"""What a resumed anakin run checks and reads before it compiles: the checkpoint's compiled
-iteration and chunking, then its state, read into the shapes of the state this run's init
-would make (a damaged or unfit checkpoint then costs no compile, and the run needs no init).
+"""What a resumed run reads before it compiles (local and anakin mode): its checkpoint, into
+the shapes of the state its init would make, found with `jax.eval_shape` (a damaged or unfit
+checkpoint then costs no compile); in anakin mode also the checkpoint's compiled iteration and
+chunking, and there the checkpoint's state takes the place of the init's.
 """
 
 from typing import Optional
@@ -9,7 +10,9 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from acme_jax_dqn import checkpointing
+from acme_jax_dqn import learning
 from acme_jax_dqn import replay as replay_lib
+from acme_jax_dqn import specs
 from agents.dqn import checkpoints
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import DQNConfig
@@ -62,16 +65,37 @@ def _plan_differences(run_checkpoints, plan) -> Optional[int]:
   return int(meta.get("seed_devices", 1))
 
 
-def read_checkpoint(experiment: ExperimentConfig, config: DQNConfig, spec, state_shape, mesh):
-  """The newest readable checkpoint as `RunCheckpoints.read` gives it, its state placed as the
-  init places a fresh one (every leaf split over the seeds); also a checkpoint whose replay
-  stores its items unpacked."""
+def read(experiment: ExperimentConfig, config: DQNConfig, target, earlier=None):
+  """The newest readable checkpoint in `target`'s structure, as `RunCheckpoints.read` gives it
+  (what the run's `RunCheckpoints.adopt` takes)."""
+  run_checkpoints = checkpoints.RunCheckpoints(experiment, config)
+  try:
+    return run_checkpoints.read(target, earlier)
+  finally:
+    run_checkpoints.close()
+
+
+def local_target(builder: DQNBuilder, networks, spec: specs.EnvironmentSpec,
+                 include_replay: bool):
+  """The shapes of `LocalAgent.checkpoint`'s arrays (the learner's state and, with
+  `include_replay`, its replay's), on the default device, as its init would make them."""
+  def arrays():
+    state = learning.init_training_state(networks, builder.make_optimizer(),
+                                         jax.random.PRNGKey(0), not builder.config.pqn)
+    if not include_replay:
+      return {"learner": state}
+    return {"learner": state, "replay": builder.make_replay_buffer(spec).state}
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device),
+                      jax.eval_shape(arrays))
+
+
+def read_anakin(experiment: ExperimentConfig, config: DQNConfig, spec, state_shape, mesh):
+  """The newest readable checkpoint of an anakin run, its state placed as the init places a
+  fresh one (every leaf split over the seeds); also a checkpoint whose replay stores its items
+  unpacked."""
   sharding = jax.sharding.NamedSharding(mesh, P("seeds"))
   target = {"anakin": jax.tree.map(
       lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding), state_shape)}
   codec = replay_lib.item_codec(DQNBuilder(config).example_transition(spec))
-  run_checkpoints = checkpoints.RunCheckpoints(experiment, config)
-  try:
-    return run_checkpoints.read(target, replay_lib.unpacked_layout(target, codec))
-  finally:
-    run_checkpoints.close()
+  return read(experiment, config, target, replay_lib.unpacked_layout(target, codec))
