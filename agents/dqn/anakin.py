@@ -199,8 +199,8 @@ class AnakinSource(Source):
     state_shape = jax.eval_shape(init, jax.ShapeDtypeStruct((num_seeds, *key.shape), key.dtype))
     seed_layout.check_memory(state_shape, mesh, num_seeds, config, jax.eval_shape(
         lambda k: anakin_lib.reset_copies(env, k, experiment.eval_episodes), key))
-    self._resumed = None  # A resumed run reads its checkpoint before anything compiles (a
-    if experiment.resume:  # damaged or unfit one then costs no compile) and runs no init.
+    self._resumed = None  # Read before anything compiles: a damaged or unfit checkpoint costs
+    if experiment.resume:  # no compile, and its state takes the place of the init's.
       self._resumed = resume.read_anakin(experiment, config, self.spec, state_shape, mesh)
       phase("checkpoint_read")
     self.seeds = seeds = [experiment.seed + i for i in range(num_seeds)]
