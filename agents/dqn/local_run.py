@@ -84,6 +84,7 @@ class LocalSource(Source):
       self._eval_environment = envs.make_environment(
           experiment.env, seed=seeding.derive_seed(seed, seeding.Stream.EVAL_ENV))
       self.spec = specs.make_environment_spec(self._environment)
+      target = None
       if experiment.resume:  # Read before anything compiles: a damaged or unfit one costs none.
         builder = DQNBuilder(config)
         target = resume.local_target(builder, builder.make_networks(self.spec, experiment.env),

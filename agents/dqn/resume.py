@@ -85,8 +85,12 @@ def local_target(builder: DQNBuilder, networks, spec: specs.EnvironmentSpec,
     if not include_replay:
       return {"learner": state}
     return {"learner": state, "replay": builder.make_replay_buffer(spec).state}
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device),
+  device = jax.config.jax_default_device or jax.devices()[0]  # Within `jax.default_device` too.
+  if isinstance(device, str):  # A platform's name.
+    device = jax.devices(device)[0]
+  sharding = jax.sharding.SingleDeviceSharding(device)
+  return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
+                                                        sharding=sharding),
                       jax.eval_shape(arrays))
 
 
