@@ -226,6 +226,39 @@ def test_a_resume_from_damaged_checkpoints_is_refused_before_anything_compiles(t
   assert sorted(int(d.split("-")[1]) for d in os.listdir(tmp_path / "checkpoints")) == [200, 400]
 
 
+def test_a_resume_within_jax_default_device_restores_onto_that_device(tmp_path):
+  """An embedded run under `jax.default_device` (two CPU devices, the second the default):
+  its resumed learner and replay come back on that device, where the agent's own arrays are."""
+  script = """
+import os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+import jax
+from agents.dqn import DQNConfig, local_run
+from agents.dqn.experiment import ExperimentConfig, run_experiment
+config = DQNConfig(hidden_sizes=(16,), batch_size=16, min_replay_size=100, replay_capacity=1000,
+                   samples_per_insert=4.0)
+def experiment(steps, resume=False):
+  return ExperimentConfig(env="gymnasium:CartPole-v1", total_steps=steps, checkpoint_every=200,
+                          eval_every=0, log_every=200, eval_episodes=1, quiet=True,
+                          logdir=sys.argv[1], resume=resume)
+seen, restore = [], local_run.LocalSource.restore
+def noted(self, run_checkpoints):
+  out = restore(self, run_checkpoints)
+  arrays = jax.tree.leaves(self.agent.checkpoint()[0])
+  seen.append(sorted({str(d) for leaf in arrays for d in leaf.devices()}))
+  return out
+local_run.LocalSource.restore = noted
+with jax.default_device(jax.devices()[1]):
+  run_experiment(experiment(200), config)
+  run_experiment(experiment(400, resume=True), config)
+print("devices", seen)
+"""
+  result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "devices [['cpu:1']]" in result.stdout, result.stdout[-2000:]
+
+
 def test_the_cache_variables_are_the_settings_jax_reads_in_a_fresh_process(tmp_path):
   """A Ray node of a distributed run gets the cache as environment variables: JAX must read
   each of them at import as the setting `enable_compilation_cache` makes."""
