@@ -40,7 +40,7 @@ def _plan_differences(run_checkpoints, plan) -> Optional[int]:
   try:
     meta = run_checkpoints.checkpointer.read_meta(step)
   except (OSError, ValueError):
-    return None  # The restore deals with unreadable checkpoints.
+    return None  # The read sets unreadable checkpoints aside.
   saved = meta.get("plan")
   shape = ("steps_per_iteration", "fill_env_steps")
   if saved is not None and any(saved[k] != plan.as_dict()[k] for k in shape):
