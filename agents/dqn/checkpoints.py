@@ -179,7 +179,7 @@ def check_start(experiment, config: DQNConfig) -> None:
     try:
       meta = run_checkpoints.checkpointer.read_meta(step)
     except (OSError, ValueError):
-      return  # The restore deals with unreadable checkpoints.
+      return  # The read sets unreadable checkpoints aside.
     run_checkpoints.check_same_run(meta, step)
   finally:
     run_checkpoints.close()
