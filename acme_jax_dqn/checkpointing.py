@@ -57,9 +57,7 @@ def abstract_tree(tree):
   """ShapeDtypeStructs (with shardings) for a tree of arrays (or of ShapeDtypeStructs): a
   restore target that holds no memory."""
   def abstract(leaf):
-    sharding = getattr(leaf, "sharding", None)
-    shape = leaf.shape if hasattr(leaf, "shape") else np.shape(leaf)
-    return jax.ShapeDtypeStruct(shape, leaf.dtype, sharding=sharding)
+    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=getattr(leaf, "sharding", None))
   return jax.tree.map(abstract, tree)
 
 

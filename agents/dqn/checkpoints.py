@@ -139,12 +139,10 @@ def structure_differences(saved: Dict[str, Any], current: Dict[str, Any],
 
   changed = [name for name in _NETWORK_FIELDS + ("gradient_accumulation_steps",)
              if differs(name)]
-  if saved.get("distributional") and current.get("distributional") and differs("num_atoms"):
-    changed.append("num_atoms")
-  if saved.get("quantile") and current.get("quantile") and differs("num_quantiles"):
-    changed.append("num_quantiles")
-  if saved.get("iqn") and current.get("iqn") and differs("iqn_num_cosines"):
-    changed.append("iqn_num_cosines")
+  for head, size in (("distributional", "num_atoms"), ("quantile", "num_quantiles"),
+                     ("iqn", "iqn_num_cosines")):
+    if saved.get(head) and current.get(head) and differs(size):
+      changed.append(size)
   if "auto" not in (saved.get("torso"), current.get("torso")) and differs("torso"):
     changed.append("torso")  # "auto" picks by the observations: the layout check decides.
   if replay_saved:
@@ -161,26 +159,22 @@ def check_start(experiment, config: DQNConfig) -> None:
   """What the checkpoint directory must hold, said before anything compiles, in every mode.
 
   A new run refuses a directory that holds another run's checkpoints (it
-  would mix with them); `resume` needs one that holds a checkpoint, made by
-  the same run with state of the same shapes (`RunCheckpoints.check_same_run`,
-  on the newest checkpoint's metadata; an unreadable one is left to the
-  restore, which sets it aside and takes an earlier one).
+  would mix with them); `resume` needs one that holds a checkpoint, the
+  newest made by the same run with state of the same shapes
+  (`RunCheckpoints.check_same_run` on its metadata, where that reads).
   """
   run_checkpoints = RunCheckpoints(experiment, config)
   try:
     if not experiment.resume:
       run_checkpoints.check_fresh_start()
       return
-    step = run_checkpoints.checkpointer.latest_step()
+    step, meta = run_checkpoints.newest()
     if step is None:
       raise checkpointing.CheckpointError(
           f"`resume`: no checkpoint in {run_checkpoints.directory}. Start without `resume`, "
           "or point `checkpoint_dir` at the directory of the run to continue.")
-    try:
-      meta = run_checkpoints.checkpointer.read_meta(step)
-    except (OSError, ValueError):
-      return  # The read sets unreadable checkpoints aside.
-    run_checkpoints.check_same_run(meta, step)
+    if meta is not None:
+      run_checkpoints.check_same_run(meta, step)
   finally:
     run_checkpoints.close()
 
@@ -241,6 +235,15 @@ class RunCheckpoints:
   def directory(self) -> str:
     return self.checkpointer.directory
 
+  def newest(self) -> Tuple[Optional[int], Optional[Dict[str, Any]]]:
+    """(step, metadata) of the newest checkpoint; metadata None where it does not read (`read`
+    sets such a checkpoint aside), step None too where there is none."""
+    step = self.checkpointer.latest_step()
+    try:
+      return step, None if step is None else self.checkpointer.read_meta(step)
+    except (OSError, ValueError):
+      return step, None
+
   def _saved_flags(self, meta: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(experiment, config) of the checkpoint's run as dicts; a field it lacks had its default."""
     saved_experiment = {**dataclasses.asdict(type(self._experiment)()),
@@ -296,19 +299,16 @@ class RunCheckpoints:
           "with the checkpoint's values, or start a new run in a new `logdir`.")
 
   def restore(self, target, earlier=None) -> Tuple[Any, Dict[str, Any], Any]:
-    """Restores the newest readable checkpoint into `target`'s structure (or into the
-    `earlier` layout, as `checkpointing.Checkpointer.restore` takes it): `read`, then `adopt`.
-
-    Raises CheckpointError when there is none or its layout differs (the
-    message names the leaf and the flags that differ); warns when other
-    flags differ, since the resumed run is then not the one that was saved.
-    """
+    """`read`, then `adopt`: raises CheckpointError when no checkpoint reads or its layout
+    differs (naming the leaf and the flags that differ); warns when other flags differ, since
+    the resumed run is then not the one that was saved."""
     return self.adopt(self.read(target, earlier))
 
   def read(self, target, earlier=None) -> Tuple[Any, Dict[str, Any], Any, int]:
-    """The newest readable checkpoint in `target`'s structure, made by the same run, as (arrays,
-    meta, host, step); `target` may be abstract (shapes, dtypes and shardings), so a run can
-    read its checkpoint before it compiles. Damaged checkpoints are set aside on the way."""
+    """The newest readable checkpoint in `target`'s structure (or `earlier`'s, as
+    `checkpointing.Checkpointer.restore` takes it), made by the same run, as (arrays, meta, host,
+    step); `target` may be abstract (shapes, dtypes and shardings), so a run can read its
+    checkpoint before it compiles. Damaged checkpoints are set aside on the way."""
 
     def explain(meta):
       differences = self._flag_differences(meta)

@@ -34,13 +34,9 @@ def check_plan(experiment: ExperimentConfig, config: DQNConfig, plan) -> Optiona
 
 def _plan_differences(run_checkpoints, plan) -> Optional[int]:
   """`check_plan` with the run's checkpoints open."""
-  step = run_checkpoints.checkpointer.latest_step()
-  if step is None:  # `checkpoints.check_start` refused the run already.
+  _, meta = run_checkpoints.newest()  # None: `check_start` refused the run, or the read
+  if meta is None:  # sets the unreadable checkpoint aside.
     return None
-  try:
-    meta = run_checkpoints.checkpointer.read_meta(step)
-  except (OSError, ValueError):
-    return None  # The read sets unreadable checkpoints aside.
   saved = meta.get("plan")
   shape = ("steps_per_iteration", "fill_env_steps")
   if saved is not None and any(saved[k] != plan.as_dict()[k] for k in shape):
