@@ -32,6 +32,7 @@ from acme_jax_dqn import envs
 from acme_jax_dqn import loggers
 from acme_jax_dqn import specs
 from agents.dqn import ray_cluster
+from agents.dqn import resume
 from agents.dqn import summary as summary_lib
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import ConfigError, DQNConfig
@@ -72,6 +73,9 @@ class DistributedSource(Source):
       builder.check_learner_fits(networks, on_host=True, num_actors=num_actors,
                                  replay_bytes=replay_bytes)
       ray_cluster.check_node_processes(num_actors)
+    # A resumed run reads its checkpoint now: a damaged or unfit one costs no node and no compile.
+    self._resumed = (resume.read_distributed(experiment, config, networks, spec)
+                     if experiment.resume else None)
     self._ray, self._started = ray_cluster.start_ray(address, experiment.compilation_cache_dir)
     self._node_handles: List[Any] = []
     try:
@@ -107,8 +111,7 @@ class DistributedSource(Source):
                                      "an actor node": self._actors,
                                      "the evaluator node": [self._evaluator]})
     self._actor_info = ray.get([a.info.remote() for a in self._actors])
-    self._program = ProgramCheckpoints(ray, experiment, config, spec,
-                                        (replay, learner, self._actors))
+    self._program = ProgramCheckpoints(ray, experiment, (replay, learner, self._actors))
     self._restarts = [0] * num_actors
     self._lost: List[int] = []  # Actors whose restart failed (Ray does not retry those).
     self._evaluator_restarts, self._evaluator_failing = 0, False
@@ -129,7 +132,8 @@ class DistributedSource(Source):
 
   # The run loop's hooks.
   def restore(self, run_checkpoints):
-    host = self._program.restore(run_checkpoints)
+    host = self._program.restore(run_checkpoints, self._resumed)
+    self._resumed = None  # The nodes hold it now.
     self._returns = list(host["returns"])
     self._restarts = (list(host["actor_restarts"]) + [0] * len(self._actors))[:len(self._actors)]
     self._program.learner_restarts = host["learner_restarts"]

@@ -5,10 +5,6 @@ from typing import Any, Dict, Optional
 
 import jax
 
-from acme_jax_dqn import checkpointing
-from acme_jax_dqn import learning
-from agents.dqn.builder import DQNBuilder
-from agents.dqn.config import DQNConfig
 from agents.dqn.ray_cluster import NodeCrashed, start_failure
 
 LEARNER_RESTARTS = 3  # Crashes of the learner node a run recovers from.
@@ -29,21 +25,12 @@ class ProgramCheckpoints:
   from the newest of these snapshots.
   """
 
-  def __init__(self, ray, experiment, config: DQNConfig, spec, nodes):
-    self._ray, self._experiment, self._config = ray, experiment, config
+  def __init__(self, ray, experiment, nodes):
+    self._ray, self._experiment = ray, experiment
     self.replay, self.learner, self.actors = nodes
     self.learner_snapshot: Optional[Dict[str, Any]] = None
     self.learner_restarts = 0
     self.snapshot_at = time.time()
-    builder = DQNBuilder(config)
-    networks = builder.make_networks(spec, experiment.env)
-    learner_target = jax.eval_shape(
-        lambda key: learning.init_training_state(networks, builder.make_optimizer(), key),
-        jax.random.PRNGKey(0))
-    self._target = {"learner": learner_target}
-    if experiment.checkpoint_replay:
-      self._target["replay"] = jax.eval_shape(builder.make_replay().init,
-                                              builder.example_transition(spec))
 
   def snapshot_learner(self) -> None:
     """Keeps the learner's newest state on the driver (what a restarted learner resumes)."""
@@ -80,15 +67,11 @@ class ProgramCheckpoints:
             {"learner_steps": learner_steps, "replay_saved": "replay" in arrays,
              "nonfinite_updates": int(state.nonfinite_updates)}, state.online_params)
 
-  def restore(self, run_checkpoints) -> Dict[str, Any]:
-    """Loads the newest checkpoint into the nodes; returns its host state and env steps."""
+  def restore(self, run_checkpoints, resumed) -> Dict[str, Any]:
+    """Loads what `resume.read_distributed` read (before Ray started) into the nodes; returns
+    its host state and env steps."""
     ray = self._ray
-    arrays, meta, host = run_checkpoints.restore(self._target)
-    if not host or "replay" not in host:
-      raise checkpointing.CheckpointError(
-          f"`resume`: {run_checkpoints.last_path} holds a distributed run's final parameters only "
-          "(no replay counts), so the run cannot continue from it. Start a new run in a new "
-          "`logdir`; launch.evaluate still reads that checkpoint.")
+    arrays, meta, host = run_checkpoints.adopt(resumed)
     arrays = jax.device_get(arrays)
     replay_state = dict(host["replay"])
     if "replay" in arrays:

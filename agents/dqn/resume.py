@@ -1,7 +1,8 @@
-"""What a resumed run reads before it compiles (local and anakin mode): its checkpoint, into
-the shapes of the state its init would make, found with `jax.eval_shape` (a damaged or unfit
-checkpoint then costs no compile); in anakin mode also the checkpoint's compiled iteration and
-chunking, and there the checkpoint's state takes the place of the init's.
+"""What a resumed run reads before it compiles (every run mode): its checkpoint, into the
+shapes of the state its init would make, found with `jax.eval_shape` (a damaged or unfit
+checkpoint then costs no compile, and in distributed mode no node); in anakin mode also the
+checkpoint's compiled iteration and chunking, and there the checkpoint's state takes the place
+of the init's.
 """
 
 from typing import Optional
@@ -99,3 +100,33 @@ def read_anakin(experiment: ExperimentConfig, config: DQNConfig, spec, state_sha
       lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding), state_shape)}
   codec = replay_lib.item_codec(DQNBuilder(config).example_transition(spec))
   return read(experiment, config, target, replay_lib.unpacked_layout(target, codec))
+
+
+def read_distributed(experiment: ExperimentConfig, config: DQNConfig, networks,
+                     spec: specs.EnvironmentSpec):
+  """The newest readable checkpoint of a distributed run, read by the driver before Ray starts:
+  the learner's state and, with `checkpoint_replay`, the replay node's buffer, on the host's CPU
+  (the driver hands them to the nodes). Refuses a checkpoint that cannot continue the run."""
+  builder = DQNBuilder(config)
+  def arrays():
+    state = {"learner": learning.init_training_state(networks, builder.make_optimizer(),
+                                                     jax.random.PRNGKey(0))}
+    if experiment.checkpoint_replay:
+      state["replay"] = builder.make_replay().init(builder.example_transition(spec))
+    return state
+  sharding = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+  target = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
+                                                          sharding=sharding),
+                        jax.eval_shape(arrays))
+  run_checkpoints = checkpoints.RunCheckpoints(experiment, config)
+  try:
+    restored = run_checkpoints.read(target)
+    host = restored[2]
+    if not host or "replay" not in host:
+      raise checkpointing.CheckpointError(
+          f"`resume`: {run_checkpoints.checkpointer.path(restored[3])} holds a distributed "
+          "run's final parameters only (no replay counts), so the run cannot continue from it. "
+          "Start a new run in a new `logdir`; launch.evaluate still reads that checkpoint.")
+    return restored
+  finally:
+    run_checkpoints.close()

@@ -2,10 +2,12 @@
 variants, bad input."""
 
 import csv
+import glob
 import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -249,6 +251,28 @@ def test_a_killed_replay_node_ends_the_run_with_a_clear_error(tmp_path):
   assert not (logdir / "summary.json").exists()
 
 
+def _a_damaged_checkpoint_is_refused_before_any_node_starts(tmp_path, logdir, args):
+  """A copy of the run with its checkpoint's arrays cut off: --resume is refused (exit code 2)
+  before Ray starts its nodes (they would write nodes.json), and the checkpoint is set aside,
+  not deleted."""
+  damaged = tmp_path / "damaged"
+  shutil.copytree(logdir, damaged)
+  (damaged / "nodes.json").unlink()
+  data = glob.glob(str(damaged / "checkpoints" / "*" / "state" / "**" / "d" / "*"),
+                   recursive=True)
+  assert data
+  for path in data:
+    with open(path, "wb") as f:
+      f.write(b"cut off")
+  args = [a.replace(str(logdir), str(damaged)) for a in args]
+  refused = subprocess.run(_cmd(*args, "--resume"), cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+  assert refused.returncode == 2, refused.stderr[-3000:]
+  assert "No readable checkpoint" in refused.stderr and "Traceback" not in refused.stderr
+  assert not (damaged / "nodes.json").exists()  # No node started.
+  assert glob.glob(str(damaged / "checkpoints" / "corrupt-*"))
+
+
 def test_sigkill_after_a_checkpoint_then_resume_counts_every_step_once(tmp_path):
   """The driver dies (SIGKILL) right after its checkpoint at 1,500 steps; --resume goes on from
   the saved replay, learner and counts to the budget, and the counts add up exactly. The run is
@@ -263,6 +287,7 @@ def test_sigkill_after_a_checkpoint_then_resume_counts_every_step_once(tmp_path)
                             timeout=300, env={**os.environ, SIGKILL_AT_STEP_VAR: "1500"})
   assert killed.returncode == -signal.SIGKILL, (tmp_path / "killed.err").read_text()[-3000:]
   assert not (logdir / "summary.json").exists()
+  _a_damaged_checkpoint_is_refused_before_any_node_starts(tmp_path, logdir, args)
   with open(tmp_path / "resumed.err", "w") as err:
     resumed = subprocess.run(_cmd(*args, "--resume"), cwd=ROOT, stdout=subprocess.DEVNULL,
                              stderr=err, timeout=300)
