@@ -105,6 +105,15 @@ def target_platform() -> str:
   return _TARGET_PLATFORM or jax.default_backend()
 
 
+def host_device():
+  """The host's CPU device; where JAX runs without its CPU backend (`JAX_PLATFORMS=cuda`), the
+  default device."""
+  try:
+    return jax.local_devices(backend="cpu")[0]
+  except RuntimeError:  # "Unknown backend cpu".
+    return jax.devices()[0]
+
+
 def on_host():
   """Within the block, JAX's eager operations run on the host's CPU device.
 
@@ -175,6 +184,21 @@ def run_xla_on_one_cpu_core() -> bool:
     jax.devices()
   finally:
     os.sched_setaffinity(0, allowed)  # Python and later host threads use every core again.
+  return True
+
+
+def keep_jax_on_cpu() -> bool:
+  """Restricts JAX in this process to its CPU backend (`jax_platforms`="cpu") before the
+  backend starts: for the processes of a distributed run other than its learner (the driver
+  that launch.run_dqn starts, the actors, the evaluator and the replay), whose arrays are small or belong in the host's
+  memory. On a GPU host each of them would otherwise start a GPU client, and XLA preallocates
+  most of the GPU's memory for each, which the learner node needs. Returns False, changing
+  nothing, when JAX's backends exist already or `jax_platforms` (JAX_PLATFORMS) names
+  platforms. The setting lasts as long as the process."""
+  from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
+  if xla_bridge.backends_are_initialized() or jax.config.jax_platforms:
+    return False
+  jax.config.update("jax_platforms", "cpu")
   return True
 
 

@@ -30,10 +30,13 @@ def main(argv):
   except ConfigError as error:
     return _bad_input(error)
   from acme_jax_dqn import loggers
+  from acme_jax_dqn import xla_setup
   from acme_jax_dqn.checkpointing import CheckpointError
   from agents.dqn.checkpoints import RunError, RunInterrupted
   from agents.dqn.experiment import run_experiment
   loggers.set_message_terms(flag_terms)  # Warnings name flags, as errors do.
+  if experiment.run_mode == "distributed":  # This process drives: the learner node takes a GPU.
+    xla_setup.keep_jax_on_cpu()
   try:
     summary = run_experiment(experiment, config)
   except (ConfigError, CheckpointError) as error:

@@ -36,7 +36,8 @@ from agents.dqn import resume
 from agents.dqn import summary as summary_lib
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import ConfigError, DQNConfig
-from agents.dqn.distributed_nodes import ActorNode, EvaluatorNode, LearnerNode, ReplayNode
+from agents.dqn.distributed_nodes import (ActorNode, EvaluatorNode, LearnerNode, ReplayNode,
+                                         process_info)
 from agents.dqn.distributed_state import LEARNER_RESTARTS, LEARNER_SNAPSHOT_S, ProgramCheckpoints
 from agents.dqn.ray_cluster import NodeCrashed
 from agents.dqn.variable_server import VariableServer
@@ -118,10 +119,15 @@ class DistributedSource(Source):
     self._lives = [info["life"] for info in self._actor_info]  # A new life: a restart.
     self._returns: List[float] = []
     os.makedirs(experiment.logdir, exist_ok=True)
-    # Where each node runs (pid, Ray node), for operators and the fault test.
+    # Where each node runs (pid, Ray node, JAX's platforms), for operators and the fault test.
+    self._learner_info, replay_info = ray.get([learner.info.remote(), replay.info.remote()])
+    try:
+      evaluator_info = ray.get(self._evaluator.info.remote())
+    except ray.exceptions.RayActorError:  # Crashed meanwhile: Ray restarts it, the run goes on.
+      evaluator_info = {}
     loggers.write_json_atomic(os.path.join(experiment.logdir, "nodes.json"), {
-        "actors": self._actor_info, "learner": {"pid": ray.get(learner.pid.remote())},
-        "replay": {"pid": ray.get(replay.pid.remote())},
+        "actors": self._actor_info, "learner": self._learner_info, "replay": replay_info,
+        "evaluator": evaluator_info, "driver": process_info(),
         "ray_address": ray.get_runtime_context().gcs_address})
     self._learner_result: Dict[str, Any] = {"learner_steps": 0, "metrics": {}}
     self._pending: Dict[Any, int] = {}
@@ -353,6 +359,8 @@ class DistributedSource(Source):
     learner_state = self._program.learner_snapshot["state"]
     experiment = self._experiment
     return dict(
+        backend=self._learner_info["jax_backend"],  # Where it trained: the learner node.
+        device_kind=self._learner_info["device_kind"],
         train_episodes=len(self._returns),
         train_return_recent=summary_lib.recent_mean(self._returns),
         num_actors=num_actors,

@@ -39,6 +39,13 @@ from agents.dqn.config import ConfigError, DQNConfig
 from agents.dqn.local_run import evaluate
 
 
+def process_info() -> Dict[str, Any]:
+  """A node's process: its pid, the platforms its JAX may use ("" where JAX picks), its
+  backend and its first device's kind."""
+  return {"pid": os.getpid(), "jax_platforms": jax.config.jax_platforms or "",
+          "jax_backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind}
+
+
 class ReplayNode:
   """The flashbax buffer, the rate limiter and the accepted-step counts (a Ray async actor).
 
@@ -49,6 +56,7 @@ class ReplayNode:
 
   def __init__(self, config: DQNConfig, spec: specs.EnvironmentSpec, seed: int,
                num_actors: int, insert_batch: int, total_steps: int):
+    xla_setup.keep_jax_on_cpu()  # The learner alone takes a GPU where there is one.
     xla_setup.run_xla_on_one_cpu_core()
     builder = DQNBuilder(config)
     self._config = config
@@ -163,6 +171,9 @@ class ReplayNode:
   async def pid(self) -> int:
     return os.getpid()
 
+  async def info(self) -> Dict[str, Any]:
+    return process_info()
+
 
 class LearnerNode:
   """The kit's jitted SGD step on batches from the replay node; publishes parameters."""
@@ -240,6 +251,9 @@ class LearnerNode:
   def pid(self) -> int:
     return os.getpid()
 
+  def info(self) -> Dict[str, Any]:
+    return process_info()
+
 
 class _RemoteVariables:
   """VariableSource for the kit's VariableClient: the newest parameters from the server."""
@@ -268,6 +282,7 @@ class ActorNode:
 
   def __init__(self, actor_id: int, num_actors: int, config: DQNConfig, env_name: str,
                seed: int, replay: str, variables: str, insert_batch: int):
+    xla_setup.keep_jax_on_cpu()  # The learner alone takes a GPU where there is one.
     xla_setup.run_xla_on_one_cpu_core()
     import ray  # pylint: disable=import-outside-toplevel
     self._ray = ray
@@ -347,7 +362,7 @@ class ActorNode:
 
   def info(self) -> Dict[str, Any]:
     import ray  # pylint: disable=import-outside-toplevel
-    return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
+    return {**process_info(), "node_id": ray.get_runtime_context().get_node_id(),
             "epsilon": self.epsilon, "life": self._life}
 
 
@@ -355,6 +370,7 @@ class EvaluatorNode:
   """Greedy episodes with the newest parameters."""
 
   def __init__(self, config: DQNConfig, env_name: str, seed: int, variables: str):
+    xla_setup.keep_jax_on_cpu()  # The learner alone takes a GPU where there is one.
     xla_setup.run_xla_on_one_cpu_core()
     import ray  # pylint: disable=import-outside-toplevel
     try:  # Refused on this host, as an actor's copies are.
@@ -371,3 +387,6 @@ class EvaluatorNode:
 
   def evaluate(self, episodes: int) -> List[float]:
     return evaluate(self._environment, self._actor, episodes)
+
+  def info(self) -> Dict[str, Any]:
+    return process_info()

@@ -14,6 +14,7 @@ from acme_jax_dqn import checkpointing
 from acme_jax_dqn import learning
 from acme_jax_dqn import replay as replay_lib
 from acme_jax_dqn import specs
+from acme_jax_dqn import xla_setup
 from agents.dqn import checkpoints
 from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import DQNConfig
@@ -114,7 +115,7 @@ def read_distributed(experiment: ExperimentConfig, config: DQNConfig, networks,
     if experiment.checkpoint_replay:
       state["replay"] = builder.make_replay().init(builder.example_transition(spec))
     return state
-  sharding = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+  sharding = jax.sharding.SingleDeviceSharding(xla_setup.host_device())
   target = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
                                                           sharding=sharding),
                         jax.eval_shape(arrays))

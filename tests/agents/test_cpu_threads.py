@@ -1,4 +1,5 @@
-"""`cpu_threads`: the worker threads of XLA's CPU client, set as the run creates the client."""
+"""`cpu_threads`: the worker threads of XLA's CPU client, set as the run creates the client; and a
+process kept on the CPU backend (`xla_setup.keep_jax_on_cpu`)."""
 
 import json
 import os
@@ -118,3 +119,38 @@ def test_set_cpu_threads_makes_the_client_with_that_many_workers_and_unsets_the_
   result = subprocess.run([sys.executable, "-c", _CLIENT], cwd=ROOT, env=environ,
                           capture_output=True, text=True, timeout=120, check=True)
   assert json.loads(result.stdout.strip().splitlines()[-1]) == expected
+
+
+_KEEP_ON_CPU = """
+import json
+import jax
+from acme_jax_dqn import xla_setup
+kept = xla_setup.keep_jax_on_cpu()
+print(json.dumps({"kept": kept, "platforms": jax.config.jax_platforms,
+                  "backend": jax.default_backend(),
+                  "again": xla_setup.keep_jax_on_cpu()}))  # The backend exists now.
+"""
+
+
+@pytest.mark.parametrize("preset, expected", [
+    ({}, {"kept": True, "platforms": "cpu", "backend": "cpu", "again": False}),
+    # The user's setting stands.
+    ({"JAX_PLATFORMS": "cpu"}, {"kept": False, "platforms": "cpu", "backend": "cpu",
+                                "again": False}),
+])
+def test_keep_jax_on_cpu_sets_the_platforms_before_the_backend_and_leaves_a_users(preset,
+                                                                                  expected):
+  environ = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  environ.update(preset)
+  result = subprocess.run([sys.executable, "-c", _KEEP_ON_CPU], cwd=ROOT, env=environ,
+                          capture_output=True, text=True, timeout=120, check=True)
+  assert json.loads(result.stdout.strip().splitlines()[-1]) == expected
+
+
+def test_host_device_is_the_default_device_where_jax_has_no_cpu_backend(monkeypatch):
+  assert xla_setup.host_device().platform == "cpu"
+
+  def no_cpu_backend(backend=None):
+    raise RuntimeError("Unknown backend cpu")  # As with JAX_PLATFORMS=cuda.
+  monkeypatch.setattr(jax, "local_devices", no_cpu_backend)
+  assert xla_setup.host_device() == jax.devices()[0]

@@ -69,12 +69,25 @@ def _kill_node_mid_run(logdir, total_steps, node, timeout, *extra, check=None):
 
 def test_killed_actor_restarts_and_the_counts_add_up(tmp_path):
   logdir = tmp_path / "run"
-  idle = []  # The private Ray starts no workers beside the nodes' own processes.
-  process, stdout, stderr = _kill_node_mid_run(
-      logdir, 6000, lambda n: n["actors"][0], 300,
-      check=lambda n: idle.extend(_idle_ray_workers(n["learner"]["pid"])))
+  idle, seen = [], []  # The private Ray starts no workers beside the nodes' own processes.
+
+  def check(nodes):
+    seen.append(nodes)
+    idle.extend(_idle_ray_workers(nodes["learner"]["pid"]))
+
+  process, stdout, stderr = _kill_node_mid_run(logdir, 6000, lambda n: n["actors"][0], 300,
+                                               check=check)
   assert process.returncode == 0, (stdout[-2000:], stderr[-3000:])
   assert idle == []
+  # Only the learner's JAX may start a GPU client (on a GPU host); the other processes keep
+  # JAX on the CPU.
+  users = os.environ.get("JAX_PLATFORMS", "")
+  assert seen[0]["learner"]["jax_platforms"] == users
+  others = [*seen[0]["actors"], seen[0]["replay"], seen[0]["evaluator"], seen[0]["driver"]]
+  assert [n["jax_platforms"] for n in others] == [users or "cpu"] * 5
+  summary = json.loads((logdir / "summary.json").read_text())
+  assert (summary["backend"], summary["device_kind"]) == (  # Where it trained.
+      seen[0]["learner"]["jax_backend"], seen[0]["learner"]["device_kind"])
   summary = json.loads((logdir / "summary.json").read_text())
   # One restart (a new process rejoined), however many calls failed while Ray restarted it.
   assert summary["actor_restarts"] == [1, 0] and summary["actor_restarts_total"] == 1
