@@ -1,5 +1,7 @@
-"""Shared test fakes: a dm_env environment with a known spec, fixed networks, and the repository paths."""
+"""Shared test fakes: a dm_env environment with a known spec, fixed networks, damaged
+checkpoints, and the repository paths."""
 
+import glob
 import os
 import shutil
 
@@ -21,6 +23,17 @@ def copy_run(logdir, tmp_path):
   copy = tmp_path / "run"
   shutil.copytree(logdir, copy)
   return copy
+
+
+def damage_checkpoints(checkpoint_dir, step="*"):
+  """Cuts the array files of the checkpoints in `checkpoint_dir` (`step`: one of them) short,
+  as a disk that lost them would."""
+  data = glob.glob(os.path.join(str(checkpoint_dir), str(step), "state", "**", "d", "*"),
+                   recursive=True)
+  assert data
+  for path in data:
+    with open(path, "wb") as f:
+      f.write(b"cut off")
 
 
 class FakeEnvironment(dm_env.Environment):

@@ -30,7 +30,7 @@ from agents.dqn.builder import DQNBuilder
 from agents.dqn.config import ConfigError, DQNConfig
 from agents.dqn.experiment import ExperimentConfig, run_experiment
 from bench import hlo_count
-from tests.fakes import ROOT
+from tests.fakes import ROOT, damage_checkpoints
 
 GAMMA = 0.9
 
@@ -729,7 +729,6 @@ def test_a_resume_reads_its_checkpoint_before_anything_compiles_and_runs_no_init
   """A resumed run reads its checkpoint into the shapes of the state before it compiles: with
   every checkpoint damaged it is refused (each set aside) before any program compiles; from a
   readable one it compiles no init program and finishes as the uninterrupted run."""
-  import glob  # pylint: disable=import-outside-toplevel
   import shutil  # pylint: disable=import-outside-toplevel
   config = _tiny_config(num_envs=2, min_replay_size=200)
 
@@ -743,12 +742,7 @@ def test_a_resume_reads_its_checkpoint_before_anything_compiles_and_runs_no_init
     shutil.copytree(tmp_path / "full", tmp_path / name)
   saved = sorted(int(d) for d in os.listdir(tmp_path / "cut" / "checkpoints"))
   shutil.rmtree(tmp_path / "cut" / "checkpoints" / str(saved[-1]))
-  data = glob.glob(str(tmp_path / "damaged" / "checkpoints" / "*" / "state" / "**" / "d" / "*"),
-                   recursive=True)
-  assert data
-  for path in data:
-    with open(path, "wb") as f:
-      f.write(b"cut off")
+  damage_checkpoints(tmp_path / "damaged" / "checkpoints")
   compiled = []  # The arguments of each program compiled.
   original = jax.stages.Lowered.compile
 

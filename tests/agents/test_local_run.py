@@ -17,7 +17,7 @@ from acme_jax_dqn import xla_setup
 from agents.dqn import ConfigError, DQNConfig, checkpoints
 from agents.dqn.experiment import ExperimentConfig, run_experiment
 from agents.dqn.local_run import LocalSource
-from tests.fakes import ROOT
+from tests.fakes import ROOT, damage_checkpoints
 
 
 @pytest.mark.parametrize("run_mode", ["local", "distributed"])
@@ -191,7 +191,6 @@ def test_a_resume_from_damaged_checkpoints_is_refused_before_anything_compiles(t
   """Local mode reads the checkpoint into the shapes its init would make (`jax.eval_shape`)
   before it builds the agent: with every checkpoint damaged, no program has compiled when the
   run is refused, and each checkpoint is set aside, none deleted."""
-  import glob  # pylint: disable=import-outside-toplevel
   import logging  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
   from acme_jax_dqn import checkpointing  # pylint: disable=import-outside-toplevel
@@ -203,12 +202,7 @@ def test_a_resume_from_damaged_checkpoints_is_refused_before_anything_compiles(t
                             eval_every=0, log_every=200, eval_episodes=1, quiet=True,
                             logdir=str(tmp_path), resume=resume)
   run_experiment(experiment(), config)
-  data = glob.glob(str(tmp_path / "checkpoints" / "*" / "state" / "**" / "d" / "*"),
-                   recursive=True)
-  assert data
-  for path in data:
-    with open(path, "wb") as f:
-      f.write(b"cut off")
+  damage_checkpoints(tmp_path / "checkpoints")
   messages = []
 
   class Messages(logging.Handler):

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from agents.dqn.config import ConfigError
-from tests.fakes import ROOT
+from tests.fakes import ROOT, damage_checkpoints
 
 TINY = os.path.join("tests", "configs", "tiny_distributed.cfg")
 
@@ -271,12 +271,7 @@ def _a_damaged_checkpoint_is_refused_before_any_node_starts(tmp_path, logdir, ar
   damaged = tmp_path / "damaged"
   shutil.copytree(logdir, damaged)
   (damaged / "nodes.json").unlink()
-  data = glob.glob(str(damaged / "checkpoints" / "*" / "state" / "**" / "d" / "*"),
-                   recursive=True)
-  assert data
-  for path in data:
-    with open(path, "wb") as f:
-      f.write(b"cut off")
+  damage_checkpoints(damaged / "checkpoints")
   args = [a.replace(str(logdir), str(damaged)) for a in args]
   refused = subprocess.run(_cmd(*args, "--resume"), cwd=ROOT, capture_output=True, text=True,
                            timeout=300)

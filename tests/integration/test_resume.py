@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from agents.dqn.checkpoints import SIGKILL_AT_STEP_VAR
-from tests.fakes import ROOT, TINY, copy_run
+from tests.fakes import ROOT, TINY, copy_run, damage_checkpoints
 
 TIMING_COLUMNS = ("wall_s", "sps")
 
@@ -203,12 +203,8 @@ def test_resume_into_a_different_network_names_the_flags(saved_run, tmp_path):
 
 
 def test_resume_from_a_corrupt_checkpoint_is_a_clear_error_that_keeps_it(saved_run, tmp_path):
-  import glob  # pylint: disable=import-outside-toplevel
   logdir = copy_run(saved_run, tmp_path)
-  for path in glob.glob(str(logdir / "checkpoints" / "400" / "state" / "**" / "d" / "*"),
-                        recursive=True):
-    with open(path, "wb") as f:
-      f.write(b"cut off")
+  damage_checkpoints(logdir / "checkpoints", 400)
   result = run_dqn(f"--flagfile={TINY}", f"--logdir={logdir}", "--total_steps=800",
                    "--resume", timeout=120)
   assert result.returncode == 2
