@@ -175,7 +175,8 @@ def kernel_bytes(line: str, computations: Dict[str, List[str]], shapes: Dict[str
 
 
 def kernels(name: str, computations: Dict[str, List[str]],
-            shapes: Optional[Dict[str, str]] = None) -> Dict[str, int]:
+            shapes: Optional[Dict[str, str]] = None,
+            listing: Optional[List[Tuple[str, int, int]]] = None) -> Dict[str, int]:
   """Counts of `name`'s instructions by kind, and what one call of it runs.
 
   `per_iteration` counts a conditional's largest branch (an iteration that
@@ -184,9 +185,16 @@ def kernels(name: str, computations: Dict[str, List[str]],
   of the same kernels (the branch with the most bytes, the fewest);
   `copy_bytes_per_iteration` the part of `bytes_per_iteration` that copies move;
   `bytes_per_iteration_not_due` those of `bytes_per_iteration`'s kernels when every loop of
-  unknown trip count runs no trip.
+  unknown trip count runs no trip. With `listing`, appends (instruction line, modelled bytes
+  of one run, runs per call) for each kernel that `bytes_per_iteration` counts.
   """
   shapes = module_shapes(computations) if shapes is None else shapes
+
+  def called_kernels(computation, runs=1):  # `kernels` of a callee, its listing into ours.
+    sub = None if listing is None else []
+    counts_ = kernels(computation, computations, shapes, sub)
+    return counts_, [(line, bytes_, n * runs) for line, bytes_, n in sub or []]
+
   counts = collections.Counter(dict.fromkeys(TOTALS, 0))
   for line in computations[name]:
     rhs = line.split(" = ", 1)[1]
@@ -197,8 +205,11 @@ def kernels(name: str, computations: Dict[str, List[str]],
     if opcode == "while":
       counts["while"] += 1
       trips = _TRIPS.search(line)
-      body = kernels(called["body"], computations, shapes)
-      condition = kernels(called["condition"], computations, shapes)
+      body, body_list = called_kernels(called["body"], int(trips.group(1)) if trips else 1)
+      condition, condition_list = called_kernels(called["condition"],
+                                                 int(trips.group(1)) if trips else 1)
+      if listing is not None:
+        listing.extend(body_list + condition_list)
       for total in TOTALS:
         if total == "bytes_per_iteration_not_due" and not trips:
           counts[total] += condition[total]  # No trip: its test alone.
@@ -210,16 +221,20 @@ def kernels(name: str, computations: Dict[str, List[str]],
       branches = _BRANCHES.search(line)
       names = ([b.strip().lstrip("%") for b in branches.group(1).split(",")] if branches else
                [called[k] for k in ("true_computation", "false_computation") if k in called])
-      runs = [kernels(b, computations, shapes) for b in names]
+      runs, lists = zip(*[called_kernels(b) for b in names])
       counts["per_iteration"] += 1 + max(r["per_iteration"] for r in runs)
       counts["per_iteration_min"] += 1 + min(r["per_iteration_min"] for r in runs)
       most = max(runs, key=lambda r: r["bytes_per_iteration"])
+      if listing is not None:
+        listing.extend(lists[runs.index(most)])
       for total in ("bytes_per_iteration", "copy_bytes_per_iteration",
                     "bytes_per_iteration_not_due"):  # Those of the branch with the most bytes.
         counts[total] += most[total]
       counts["bytes_per_iteration_min"] += min(r["bytes_per_iteration_min"] for r in runs)
     elif opcode == "call":
-      callee = kernels(called["to_apply"], computations, shapes)
+      callee, callee_list = called_kernels(called["to_apply"])
+      if listing is not None:
+        listing.extend(callee_list)
       for total in TOTALS:
         counts[total] += callee[total]
     else:
@@ -227,11 +242,32 @@ def kernels(name: str, computations: Dict[str, List[str]],
              "custom-call" if opcode == "custom-call" else "unfused"] += 1
       counts["copy"] += opcode == "copy"  # Copies among the unfused ops (this level's).
       accessed = kernel_bytes(line, computations, shapes)
+      if listing is not None:
+        listing.append((line, accessed, 1))
       counts["copy_bytes_per_iteration"] += accessed if opcode == "copy" else 0
       for total in TOTALS:
         if total != "copy_bytes_per_iteration":  # Counted above, for copies alone.
           counts[total] += accessed if "bytes" in total else 1
   return dict(counts)
+
+
+def top_kernels(listing: List[Tuple[str, int, int]], count: int, per_step: int = 1
+                ) -> List[Dict[str, object]]:
+  """The `count` kernels of `listing` (as `kernels` gives it) that move the most bytes per
+  iteration (a loop step of `per_step` iterations), each with its name, what it is, its result
+  shape, the bytes of one run, its runs per iteration and the JAX operation it came from."""
+  total = sum(bytes_ * runs for _, bytes_, runs in listing) or 1
+  rows = []
+  for line, bytes_, runs in sorted(listing, key=lambda item: -item[1] * item[2])[:count]:
+    name, shape, opcode, _ = parts(line)
+    kind = re.search(r"kind=(\w+)", line) if opcode == "fusion" else None
+    source = re.search(r'op_name="([^"]*)"', line)
+    rows.append({"name": name.strip().split()[-1].lstrip("%"),
+                 "op": f"{opcode} {kind.group(1)}" if kind else opcode, "shape": shape,
+                 "mb_per_run": bytes_ / 1e6, "runs": runs / per_step,
+                 "share": bytes_ * runs / total,
+                 "source": source.group(1).split("/while/body/")[-1] if source else ""})
+  return rows
 
 
 def module_name(text: str) -> str:
@@ -277,16 +313,18 @@ def entry_trip_counts(text: str) -> List[int]:
   return [_trip_count(loop) for loop in _entry_loops(text)[1]]
 
 
-def iteration_body(text: str) -> Dict[str, int]:
-  """The counts of the body of the entry's longest-running loop (the scan over iterations)."""
+def iteration_body(text: str, listing: Optional[List[Tuple[str, int, int]]] = None
+                   ) -> Dict[str, int]:
+  """The counts of the body of the entry's longest-running loop (the scan over iterations);
+  with `listing`, its kernels as `kernels` lists them."""
   computations, loops = _entry_loops(text)
   if not loops:
     raise SystemExit("No loop in the program's entry computation: nothing to count.")
   best = max(loops, key=_trip_count)
   called = dict(_CALLED.findall(best))
   shapes = module_shapes(computations)
-  counts = kernels(called["body"], computations, shapes)
-  condition = kernels(called["condition"], computations, shapes)
+  counts = kernels(called["body"], computations, shapes, listing)
+  condition = kernels(called["condition"], computations, shapes, listing)
   for total in TOTALS:
     counts[total] += condition[total]
   return counts

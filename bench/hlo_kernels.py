@@ -113,6 +113,10 @@ flags.DEFINE_string("xla_options", "", "XLA options for our programs' compile, o
                     "as bench/compiler_options.py's --variants takes: 'name=value name=value' "
                     "(e.g. xla_gpu_experimental_force_split_k=1); PureJaxRL's keeps XLA's "
                     "defaults.")
+flags.DEFINE_integer("top_kernels", 0, "Also list, for each program, this many kernels of an "
+                     "iteration that learns that move the most modelled bytes (what each is, "
+                     "its shape, MB per run, runs per iteration, its share of the iteration's "
+                     "MB and the JAX operation it came from).", lower_bound=0)
 flags.DEFINE_string("out", None, "Markdown table to write ('' : none; default "
                     "bench/results/hlo_kernels.md on the CPU, else hlo_kernels_<target or "
                     "backend>.md, with _<n>_seeds before .md for --num_seeds=n above 1).")
@@ -255,8 +259,18 @@ def main(argv):
             "MB per iteration that does not", "build s"]
   rows = []
   results = {}
+  top_notes = []
   for name, (text, warmup_text, steps, learning, per_step) in programs.items():
-    counts = hlo_count.iteration_body(text)
+    listing = []
+    counts = hlo_count.iteration_body(text, listing)
+    if FLAGS.top_kernels:
+      top_notes.append(f"{name}, the {FLAGS.top_kernels} kernels of an iteration that learns "
+                       "that move the most modelled bytes: " + "; ".join(
+                           f"`{k['name']}` ({k['op']}, {k['shape'][:60]}, from "
+                           f"`{k['source'][-70:]}`): {k['mb_per_run']:,.1f} MB x "
+                           f"{k['runs']:g} = {k['share']:.1%}"
+                           for k in hlo_count.top_kernels(listing, FLAGS.top_kernels,
+                                                          per_step)) + ".")
     if warmup_text is not None:  # The warm-up's own loop: what an iteration that does not learn runs.
       warmup = hlo_count.iteration_body(warmup_text)
       counts["per_iteration_min"] = warmup["per_iteration"]
@@ -318,6 +332,7 @@ def main(argv):
                  f"less what copies move {not_copied(ours) / max(not_copied(theirs), 0.1):.2f}x"
                  " (a copy streams at about the memory's bandwidth; the other kernels' "
                  "arithmetic and access patterns set theirs).")
+  notes += top_notes
   for note in notes:
     print(note)
   out = FLAGS.out

@@ -951,6 +951,17 @@ def test_hlo_count_models_the_bytes_an_iteration_reads_and_writes_in_a_hand_coun
       128 + 32 + 128, 32 + 4 + 32, 16 + 64 + 4 + 1600 + 64 + 8, 128, 64 + 64)
   assert not {"b.inner", "b.branch", "m.loop"} & set(ops)
   assert not [op for op in ops if op.startswith("g.")], ops
+  # Listed kernel by kernel, as `bytes_per_iteration` counts them: the nested loop's copy 3
+  # times, the heavier branch's two copies and not the lighter one's.
+  listing = []
+  assert hlo_count.iteration_body(_TRAFFIC_HLO, listing) == counts
+  assert sum(bytes_ * runs for _, bytes_, runs in listing) == fixed + 256
+  runs = {hlo_count.parts(line)[0].split()[-1].lstrip("%"): n for line, _, n in listing}
+  assert (runs["i.copy"], runs["h.one"], runs["h.two"], "k.one" in runs) == (3, 1, 1, False)
+  top = hlo_count.top_kernels(listing, 1, per_step=2)
+  assert [(k["name"], k["op"], k["runs"]) for k in top] == [("b.mixed", "fusion kLoop", 0.5)]
+  assert top[0]["mb_per_run"] * 1e6 == pytest.approx(16 + 64 + 4 + 1600 + 64 + 8)
+  assert top[0]["share"] == pytest.approx((16 + 64 + 4 + 1600 + 64 + 8) / (fixed + 256))
 
 
 # A scan (4 trips) whose body runs a copy and a loop whose trip count XLA does not know (a
