@@ -86,10 +86,16 @@ def local_target(builder: DQNBuilder, networks, spec: specs.EnvironmentSpec,
   device = jax.config.jax_default_device or jax.devices()[0]  # Within `jax.default_device` too.
   if isinstance(device, str):  # A platform's name.
     device = jax.devices(device)[0]
+  return _shapes_on(device, arrays)
+
+
+def _shapes_on(device, make_arrays):
+  """The shapes and dtypes of what `make_arrays()` returns (found without running it), each
+  placed on `device`: a restore target."""
   sharding = jax.sharding.SingleDeviceSharding(device)
   return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
                                                         sharding=sharding),
-                      jax.eval_shape(arrays))
+                      jax.eval_shape(make_arrays))
 
 
 def read_anakin(experiment: ExperimentConfig, config: DQNConfig, spec, state_shape, mesh):
@@ -109,16 +115,14 @@ def read_distributed(experiment: ExperimentConfig, config: DQNConfig, networks,
   the learner's state and, with `checkpoint_replay`, the replay node's buffer, on the host's CPU
   (the driver hands them to the nodes). Refuses a checkpoint that cannot continue the run."""
   builder = DQNBuilder(config)
+
   def arrays():
     state = {"learner": learning.init_training_state(networks, builder.make_optimizer(),
                                                      jax.random.PRNGKey(0))}
     if experiment.checkpoint_replay:
       state["replay"] = builder.make_replay().init(builder.example_transition(spec))
     return state
-  sharding = jax.sharding.SingleDeviceSharding(xla_setup.host_device())
-  target = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
-                                                          sharding=sharding),
-                        jax.eval_shape(arrays))
+  target = _shapes_on(xla_setup.host_device(), arrays)
   run_checkpoints = checkpoints.RunCheckpoints(experiment, config)
   try:
     restored = run_checkpoints.read(target)
