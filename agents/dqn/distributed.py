@@ -91,13 +91,16 @@ class DistributedSource(Source):
     num_actors, insert_batch = experiment.num_actors, experiment.actor_insert_batch
     # The other nodes find these two by name: a handle among the constructor arguments of an
     # actor Ray restarts ties the restart to Ray's lineage of that argument (Ray warns of it).
+    if experiment.learner_gpus:  # Before any node starts.
+      ray_cluster.check_learner_gpus(ray, experiment.learner_gpus)
     names = [f"acme_jax_dqn-{uuid.uuid4().hex}-{node}" for node in ("variables", "replay")]
     variables = ray.remote(num_cpus=0)(VariableServer).options(name=names[0]).remote()
     self._replay = replay = ray.remote(num_cpus=0, max_restarts=0)(ReplayNode).options(
         name=names[1]).remote(config, spec, seed, num_actors, insert_batch,
                               experiment.total_steps)
     self._learner = learner = ray.remote(
-        num_cpus=0, max_restarts=LEARNER_RESTARTS, max_task_retries=0)(LearnerNode).remote(
+        num_cpus=0, num_gpus=experiment.learner_gpus, max_restarts=LEARNER_RESTARTS,
+        max_task_retries=0)(LearnerNode).remote(
             config, spec, env_name, seed, names[1], names[0])
     actor_options = {"num_cpus": 0, "max_restarts": -1, "max_task_retries": 0}
     if experiment.actor_resource:

@@ -252,7 +252,8 @@ class LearnerNode:
     return os.getpid()
 
   def info(self) -> Dict[str, Any]:
-    return process_info()
+    return {**process_info(), "node_id": self._ray.get_runtime_context().get_node_id(),
+            "gpu_ids": [str(i) for i in self._ray.get_gpu_ids()]}
 
 
 class _RemoteVariables:

@@ -91,6 +91,9 @@ class ExperimentConfig:
     actor_resource: distributed mode: a Ray custom resource the actor nodes
       require, to place them on the cluster nodes that offer it ("" places them
       anywhere).
+    learner_gpus: distributed mode: GPUs Ray gives the learner node (its `num_gpus`): Ray
+      places it on a machine that has them and shows it those alone, and its JAX takes them
+      (0: Ray places it anywhere, and it sees the GPUs of its machine).
     actor_insert_batch: distributed mode: transitions an actor stages before it sends
       them to replay (at least this many a send; the replay writes chunks of this size).
     loggers: where train and eval rows go: any of "terminal", "csv" (train.csv,
@@ -127,6 +130,7 @@ class ExperimentConfig:
   ray_address: str = ""
   max_learner_steps: int = 0
   actor_resource: str = ""
+  learner_gpus: int = 0
   actor_insert_batch: int = 64
   loggers: Tuple[str, ...] = ("terminal", "csv", "tensorboard")
   wandb_project: str = "acme-jax-dqn"
@@ -153,7 +157,8 @@ def _check(e: ExperimentConfig) -> None:
   zero_means = {"eval_every": " (only at the end)", "seed": "",
                 "cpu_devices": " (the default split)", "cpu_threads": " (the kit's pick)",
                 "max_learner_steps": " (no limit)", "keep_checkpoints": " (keep all)",
-                "checkpoint_every": " (at the end and on SIGTERM only)"}
+                "checkpoint_every": " (at the end and on SIGTERM only)",
+                "learner_gpus": " (the GPUs of the learner's machine)"}
   for name, meaning in zero_means.items():
     if getattr(e, name) < 0:
       fail(name, getattr(e, name), f"must be 0{meaning} or positive.")
@@ -170,6 +175,10 @@ def _check(e: ExperimentConfig) -> None:
   if e.cpu_threads and e.run_mode == "distributed":
     fail("cpu_threads", e.cpu_threads, "sizes the XLA CPU client of this process, and "
          "`run_mode=distributed` learns and acts in Ray's processes: drop the setting.")
+  if e.learner_gpus and e.run_mode != "distributed":
+    fail("learner_gpus", e.learner_gpus, "gives the learner node of `run_mode=distributed` "
+         f"GPUs through Ray; `run_mode={e.run_mode}` learns in this process, on JAX's default "
+         "device: drop the setting.")
   if e.checkpoint_every > 0 and not e.save_checkpoints:
     fail("checkpoint_every", e.checkpoint_every, "asks for checkpoints and "
           "`save_checkpoints`=False turns them off; drop one.")

@@ -103,6 +103,18 @@ def check_node_processes(num_actors: int, limit: Optional[int] = None) -> None:
         f"{need / 2**30:,.1f} GiB and the host holds {limit / 2**30:.1f} GiB. {fix}")
 
 
+def check_learner_gpus(ray, count: int) -> None:
+  """Refuses `learner_gpus`=count where no node of the cluster has that many GPUs (Ray would
+  wait for one without end)."""
+  most = max((node["Resources"].get("GPU", 0) for node in ray.nodes() if node["Alive"]),
+             default=0)
+  if most < count:
+    raise ConfigError(
+        f"`learner_gpus`={count}: no machine of the Ray cluster has {count} GPU"
+        f"{'s' if count > 1 else ''} (the most on one: {most:g}). Use `learner_gpus`="
+        f"{int(most)}, or join a cluster with a GPU machine (`ray_address`).")
+
+
 def start_ray(address: str, compilation_cache_dir: str = ""):
   """(ray, whether this call started it): joins `address`, or starts a private Ray here.
 

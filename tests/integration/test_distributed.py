@@ -148,23 +148,28 @@ def test_nodes_that_refuse_the_run_at_their_start_give_one_line(tmp_path):
 
 
 def test_actors_run_on_the_second_node_of_a_cluster(tmp_path):
-  """Actor nodes placed by a custom resource on the second node, each stepping 4 envpool copies."""
+  """Actor nodes placed by a custom resource on the second node, each stepping 4 envpool copies;
+  the learner there too, by the GPU that node declares (`learner_gpus`; Ray shows the learner
+  that GPU alone)."""
   from ray.cluster_utils import Cluster  # pylint: disable=import-outside-toplevel
   os.environ.setdefault("RAY_AUTH_MODE", "disabled")
   handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
   cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
   try:
-    worker = cluster.add_node(num_cpus=2, resources={"actor_host": 4})
+    worker = cluster.add_node(num_cpus=2, num_gpus=1, resources={"actor_host": 4})
     cluster.wait_for_nodes()
     logdir = tmp_path / "run"
     result = subprocess.run(
         _cmd(f"--logdir={logdir}", "--total_steps=2000", "--log_every=1000",
              "--eval_every=0", f"--ray_address={cluster.address}",
-             "--actor_resource=actor_host", "--env=envpool:CartPole-v1", "--num_envs=4"),
+             "--actor_resource=actor_host", "--env=envpool:CartPole-v1", "--num_envs=4",
+             "--learner_gpus=1"),
         cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((logdir / "summary.json").read_text())
     assert summary["actor_node_ids"] == [worker.node_id] * 2
+    learner = json.loads((logdir / "nodes.json").read_text())["learner"]
+    assert (learner["node_id"], len(learner["gpu_ids"])) == (worker.node_id, 1)
     assert summary["env"] == "envpool:CartPole-v1" and summary["config"]["num_envs"] == 4
     assert summary["env_steps"] == sum(summary["actor_steps"]) >= 2000
     assert summary["ray_address"] == cluster.address
@@ -172,6 +177,16 @@ def test_actors_run_on_the_second_node_of_a_cluster(tmp_path):
     cluster.shutdown()
     for s, handler in handlers.items():  # Ray's node handlers would outlive the cluster.
       signal.signal(s, handler)
+
+
+def test_learner_gpus_that_no_machine_has_are_refused_before_any_node_starts(tmp_path):
+  result = subprocess.run(_cmd(f"--logdir={tmp_path / 'run'}", "--learner_gpus=1"), cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert result.stderr.strip().splitlines() == [
+      "error: --learner_gpus=1: no machine of the Ray cluster has 1 GPU (the most on one: 0). "
+      "Use --learner_gpus=0, or join a cluster with a GPU machine (--ray_address)."]
+  assert not (tmp_path / "run" / "nodes.json").exists()
 
 
 def test_unreachable_ray_address_fails_within_seconds(tmp_path):

@@ -112,6 +112,7 @@ def test_a_command_line_flag_overrides_a_contradicting_flag_of_the_flagfile():
     (["--checkpoint_every=100", "--nosave_checkpoints"], "--checkpoint_every"),
     (["--num_seeds=3"], "--run_mode=anakin"),
     (["--run_mode=distributed", "--cpu_threads=2"], "--cpu_threads=2: sizes the XLA CPU client"),
+    (["--learner_gpus=1"], "--learner_gpus=1: gives the learner node of --run_mode=distributed"),
     (["--run_mode=anakin", "--env=gymnax:CartPole-v1", "--nocheckpoint_replay"],
      "--checkpoint_replay=False: in anakin mode"),
     (["--run_mode=anakin"], "needs an environment written in JAX"),
@@ -196,6 +197,7 @@ EXPERIMENT_OUT_OF_RANGE = {
     "cpu_threads": (-1, "--cpu_threads"),
     "num_actors": (0, "--num_actors"), "max_learner_steps": (-1, "--max_learner_steps"),
     "actor_insert_batch": (0, "--actor_insert_batch"), "scan_unroll": (0, "--scan_unroll"),
+    "learner_gpus": (-1, "--learner_gpus"),
 }
 
 
