@@ -191,8 +191,9 @@ def keep_jax_on_cpu() -> bool:
   """Restricts JAX in this process to its CPU backend (`jax_platforms`="cpu") before the
   backend starts: for the processes of a distributed run other than its learner (the driver
   that launch.run_dqn starts, the actors, the evaluator and the replay), whose arrays are
-  small or belong in the host's memory. On a GPU host each of them would otherwise start a GPU client, and XLA preallocates
-  most of the GPU's memory for each, which the learner node needs. Returns False, changing
+  small or belong in the host's memory. On a GPU host each of them would otherwise start a
+  GPU client, and XLA preallocates most of the GPU's memory for each, which the learner node
+  needs. Returns False, changing
   nothing, when JAX's backends exist already or `jax_platforms` (JAX_PLATFORMS) names
   platforms. The setting lasts as long as the process."""
   from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel

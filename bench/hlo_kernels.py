@@ -202,6 +202,14 @@ def purejaxrl_hlo(checkout: str, place: Callable) -> Tuple[str, None, float, flo
           math.gcd(config["NUM_ENVS"], interval) / interval, 1)
 
 
+def _brief(shape: str) -> str:
+  """An HLO result shape, a tuple's as its first array and how many more."""
+  if not shape.startswith("("):
+    return shape
+  arrays = shape[1:-1].split(", ")
+  return arrays[0] + (f" and {len(arrays) - 1} more" if len(arrays) > 1 else "")
+
+
 def main(argv):
   del argv
   target = FLAGS.target
@@ -266,7 +274,7 @@ def main(argv):
     if FLAGS.top_kernels:
       top_notes.append(f"{name}, the {FLAGS.top_kernels} kernels of an iteration that learns "
                        "that move the most modelled bytes: " + "; ".join(
-                           f"`{k['name']}` ({k['op']}, {k['shape'][:60]}, from "
+                           f"`{k['name']}` ({k['op']}, {_brief(k['shape'])}, from "
                            f"`{k['source'][-70:]}`): {k['mb_per_run']:,.1f} MB x "
                            f"{k['runs']:g} = {k['share']:.1%}"
                            for k in hlo_count.top_kernels(listing, FLAGS.top_kernels,

@@ -1017,6 +1017,12 @@ def test_hlo_count_runs_a_loop_of_unknown_trip_count_once_and_not_where_no_updat
   assert counts["copy_bytes_per_iteration"] == 128 + 128
   # Kernels: copy, predicate, the loop (one trip: body copy + test, + 1), the scan's test.
   assert counts["per_iteration"] == 2 + 3 + 1
+  listing = []  # The loop of unknown trips listed once, as `bytes_per_iteration` counts it.
+  hlo_count.iteration_body(_DUE_HLO, listing)
+  assert sum(bytes_ * runs for _, bytes_, runs in listing) == not_due + 128
+  assert [(hlo_count.parts(line)[0].split()[-1].lstrip("%"), runs)
+          for line, _, runs in listing] == [("b.copy", 1), ("b.p", 1), ("d.moved", 1),
+                                            ("e.test", 1), ("c.lt", 1)]
 
 
 @pytest.mark.parametrize("num_seeds, unroll, conditionals", [(1, 1, 1), (2, 1, 0), (1, 2, 2)])

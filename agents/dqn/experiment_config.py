@@ -91,9 +91,11 @@ class ExperimentConfig:
     actor_resource: distributed mode: a Ray custom resource the actor nodes
       require, to place them on the cluster nodes that offer it ("" places them
       anywhere).
-    learner_gpus: distributed mode: GPUs Ray gives the learner node (its `num_gpus`): Ray
-      places it on a machine that has them and shows it those alone, and its JAX takes them
-      (0: Ray places it anywhere, and it sees the GPUs of its machine).
+    learner_gpus: distributed mode: 1 gives the learner node a GPU through Ray (its
+      `num_gpus`): Ray places it on a machine that has one and shows it that one alone, and
+      its JAX computes there. 0: Ray places it anywhere, and which GPUs it sees is Ray's rule
+      for processes that ask for none (Ray 2.60: every GPU of its machine, the learner's JAX
+      computing on the first; older releases: none).
     actor_insert_batch: distributed mode: transitions an actor stages before it sends
       them to replay (at least this many a send; the replay writes chunks of this size).
     loggers: where train and eval rows go: any of "terminal", "csv" (train.csv,
@@ -175,6 +177,9 @@ def _check(e: ExperimentConfig) -> None:
   if e.cpu_threads and e.run_mode == "distributed":
     fail("cpu_threads", e.cpu_threads, "sizes the XLA CPU client of this process, and "
          "`run_mode=distributed` learns and acts in Ray's processes: drop the setting.")
+  if e.learner_gpus > 1:
+    fail("learner_gpus", e.learner_gpus, "the learner computes on one device; more GPUs would "
+         "sit idle. Use `learner_gpus`=1.")
   if e.learner_gpus and e.run_mode != "distributed":
     fail("learner_gpus", e.learner_gpus, "gives the learner node of `run_mode=distributed` "
          f"GPUs through Ray; `run_mode={e.run_mode}` learns in this process, on JAX's default "

@@ -154,7 +154,7 @@ def test_actors_run_on_the_second_node_of_a_cluster(tmp_path):
   from ray.cluster_utils import Cluster  # pylint: disable=import-outside-toplevel
   os.environ.setdefault("RAY_AUTH_MODE", "disabled")
   handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-  cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+  cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
   try:
     worker = cluster.add_node(num_cpus=2, num_gpus=1, resources={"actor_host": 4})
     cluster.wait_for_nodes()
