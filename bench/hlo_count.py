@@ -205,17 +205,17 @@ def kernels(name: str, computations: Dict[str, List[str]],
     if opcode == "while":
       counts["while"] += 1
       trips = _TRIPS.search(line)
-      body, body_list = called_kernels(called["body"], int(trips.group(1)) if trips else 1)
-      condition, condition_list = called_kernels(called["condition"],
-                                                 int(trips.group(1)) if trips else 1)
+      trip_count = int(trips.group(1)) if trips else 1  # Unknown: one trip.
+      body, body_list = called_kernels(called["body"], trip_count)
+      condition, condition_list = called_kernels(called["condition"], trip_count)
       if listing is not None:
         listing.extend(body_list + condition_list)
       for total in TOTALS:
         if total == "bytes_per_iteration_not_due" and not trips:
           counts[total] += condition[total]  # No trip: its test alone.
           continue
-        counts[total] += (int(trips.group(1)) if trips else 1) * (
-            body[total] + condition[total]) + (0 if "bytes" in total else 1)
+        counts[total] += trip_count * (body[total] + condition[total]) + (
+            0 if "bytes" in total else 1)
     elif opcode == "conditional":
       counts["conditional"] += 1
       branches = _BRANCHES.search(line)

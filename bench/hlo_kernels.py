@@ -269,7 +269,7 @@ def main(argv):
   results = {}
   top_notes = []
   for name, (text, warmup_text, steps, learning, per_step) in programs.items():
-    listing = []
+    listing = [] if FLAGS.top_kernels else None
     counts = hlo_count.iteration_body(text, listing)
     if FLAGS.top_kernels:
       top_notes.append(f"{name}, the {FLAGS.top_kernels} kernels of an iteration that learns "

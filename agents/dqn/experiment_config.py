@@ -159,8 +159,7 @@ def _check(e: ExperimentConfig) -> None:
   zero_means = {"eval_every": " (only at the end)", "seed": "",
                 "cpu_devices": " (the default split)", "cpu_threads": " (the kit's pick)",
                 "max_learner_steps": " (no limit)", "keep_checkpoints": " (keep all)",
-                "checkpoint_every": " (at the end and on SIGTERM only)",
-                "learner_gpus": " (the GPUs of the learner's machine)"}
+                "checkpoint_every": " (at the end and on SIGTERM only)"}
   for name, meaning in zero_means.items():
     if getattr(e, name) < 0:
       fail(name, getattr(e, name), f"must be 0{meaning} or positive.")
@@ -177,9 +176,9 @@ def _check(e: ExperimentConfig) -> None:
   if e.cpu_threads and e.run_mode == "distributed":
     fail("cpu_threads", e.cpu_threads, "sizes the XLA CPU client of this process, and "
          "`run_mode=distributed` learns and acts in Ray's processes: drop the setting.")
-  if e.learner_gpus > 1:
-    fail("learner_gpus", e.learner_gpus, "the learner computes on one device; more GPUs would "
-         "sit idle. Use `learner_gpus`=1.")
+  if e.learner_gpus not in (0, 1):
+    fail("learner_gpus", e.learner_gpus, "must be 0 (Ray's rule for processes that ask for no "
+         "GPU) or 1 (one GPU: the learner computes on one device).")
   if e.learner_gpus and e.run_mode != "distributed":
     fail("learner_gpus", e.learner_gpus, "gives the learner node of `run_mode=distributed` "
          f"GPUs through Ray; `run_mode={e.run_mode}` learns in this process, on JAX's default "

@@ -110,9 +110,9 @@ def check_learner_gpus(ray, count: int) -> None:
              default=0)
   if most < count:
     raise ConfigError(
-        f"`learner_gpus`={count}: no machine of the Ray cluster has {count} GPU"
-        f"{'s' if count > 1 else ''} (the most on one: {most:g}). Use `learner_gpus`="
-        f"{int(most)}, or join a cluster with a GPU machine (`ray_address`).")
+        f"`learner_gpus`={count}: no machine of the Ray cluster has {count} GPU (the most on "
+        f"one: {most:g}). Use `learner_gpus`=0, or join a cluster with a GPU machine "
+        "(`ray_address`).")
 
 
 def start_ray(address: str, compilation_cache_dir: str = ""):

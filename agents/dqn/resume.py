@@ -5,6 +5,7 @@ checkpoint's compiled iteration and chunking, and there the checkpoint's state t
 of the init's.
 """
 
+import os
 from typing import Optional
 
 import jax
@@ -86,25 +87,21 @@ def local_target(builder: DQNBuilder, networks, spec: specs.EnvironmentSpec,
   device = jax.config.jax_default_device or jax.devices()[0]  # Within `jax.default_device` too.
   if isinstance(device, str):  # A platform's name.
     device = jax.devices(device)[0]
-  return _shapes_on(device, arrays)
+  return _placed(jax.eval_shape(arrays), jax.sharding.SingleDeviceSharding(device))
 
 
-def _shapes_on(device, make_arrays):
-  """The shapes and dtypes of what `make_arrays()` returns (found without running it), each
-  placed on `device`: a restore target."""
-  sharding = jax.sharding.SingleDeviceSharding(device)
+def _placed(shapes, sharding):
+  """`shapes` (a tree of shapes and dtypes, as `jax.eval_shape` gives) with every leaf placed
+  by `sharding`: a restore target."""
   return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
-                                                        sharding=sharding),
-                      jax.eval_shape(make_arrays))
+                                                        sharding=sharding), shapes)
 
 
 def read_anakin(experiment: ExperimentConfig, config: DQNConfig, spec, state_shape, mesh):
   """The newest readable checkpoint of an anakin run, its state placed as the init places a
   fresh one (every leaf split over the seeds); also a checkpoint whose replay stores its items
   unpacked."""
-  sharding = jax.sharding.NamedSharding(mesh, P("seeds"))
-  target = {"anakin": jax.tree.map(
-      lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding), state_shape)}
+  target = {"anakin": _placed(state_shape, jax.sharding.NamedSharding(mesh, P("seeds")))}
   codec = replay_lib.item_codec(DQNBuilder(config).example_transition(spec))
   return read(experiment, config, target, replay_lib.unpacked_layout(target, codec))
 
@@ -122,16 +119,13 @@ def read_distributed(experiment: ExperimentConfig, config: DQNConfig, networks,
     if experiment.checkpoint_replay:
       state["replay"] = builder.make_replay().init(builder.example_transition(spec))
     return state
-  target = _shapes_on(xla_setup.host_device(), arrays)
-  run_checkpoints = checkpoints.RunCheckpoints(experiment, config)
-  try:
-    restored = run_checkpoints.read(target)
-    host = restored[2]
-    if not host or "replay" not in host:
-      raise checkpointing.CheckpointError(
-          f"`resume`: {run_checkpoints.checkpointer.path(restored[3])} holds a distributed "
-          "run's final parameters only (no replay counts), so the run cannot continue from it. "
-          "Start a new run in a new `logdir`; launch.evaluate still reads that checkpoint.")
-    return restored
-  finally:
-    run_checkpoints.close()
+  restored = read(experiment, config, _placed(
+      jax.eval_shape(arrays), jax.sharding.SingleDeviceSharding(xla_setup.host_device())))
+  _, _, host, step = restored
+  if not host or "replay" not in host:
+    path = os.path.join(checkpoints.checkpoint_directory(experiment), str(step))
+    raise checkpointing.CheckpointError(
+        f"`resume`: {path} holds a distributed run's final parameters only (no replay counts), "
+        "so the run cannot continue from it. Start a new run in a new `logdir`; "
+        "launch.evaluate still reads that checkpoint.")
+  return restored

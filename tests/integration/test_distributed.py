@@ -86,9 +86,6 @@ def test_killed_actor_restarts_and_the_counts_add_up(tmp_path):
   others = [*seen[0]["actors"], seen[0]["replay"], seen[0]["evaluator"], seen[0]["driver"]]
   assert [n["jax_platforms"] for n in others] == [users or "cpu"] * 5
   summary = json.loads((logdir / "summary.json").read_text())
-  assert (summary["backend"], summary["device_kind"]) == (  # Where it trained.
-      seen[0]["learner"]["jax_backend"], seen[0]["learner"]["device_kind"])
-  summary = json.loads((logdir / "summary.json").read_text())
   # One restart (a new process rejoined), however many calls failed while Ray restarted it.
   assert summary["actor_restarts"] == [1, 0] and summary["actor_restarts_total"] == 1
   assert summary["actors_lost"] == []

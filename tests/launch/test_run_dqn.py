@@ -113,8 +113,8 @@ def test_a_command_line_flag_overrides_a_contradicting_flag_of_the_flagfile():
     (["--num_seeds=3"], "--run_mode=anakin"),
     (["--run_mode=distributed", "--cpu_threads=2"], "--cpu_threads=2: sizes the XLA CPU client"),
     (["--learner_gpus=1"], "--learner_gpus=1: gives the learner node of --run_mode=distributed"),
-    (["--run_mode=distributed", "--learner_gpus=2"], "--learner_gpus=2: the learner computes on "
-     "one device"),
+    (["--run_mode=distributed", "--learner_gpus=2"], "--learner_gpus=2: must be 0 (Ray's rule "
+     "for processes that ask for no GPU) or 1"),
     (["--run_mode=anakin", "--env=gymnax:CartPole-v1", "--nocheckpoint_replay"],
      "--checkpoint_replay=False: in anakin mode"),
     (["--run_mode=anakin"], "needs an environment written in JAX"),
