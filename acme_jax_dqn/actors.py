@@ -84,9 +84,11 @@ def make_epsilon_greedy_policy(networks: Networks, evaluation: bool = False) -> 
     else:
       q_values = networks.apply(params, observation).q_values  # [B, A]
     batch_size, num_actions = q_values.shape
-    explore_key, action_key = jax.random.split(key)
-    explore = jax.random.uniform(explore_key, (batch_size,)) < epsilon
-    random_actions = jax.random.randint(action_key, (batch_size,), 0, num_actions)
+    # One draw for both choices: a split and randint's own would each cost a hash (on a GPU a
+    # kernel of its own). u < 1, so floor(u * A) < A in float32's rounding.
+    explore_u, action_u = jax.random.uniform(key, (2, batch_size))
+    explore = explore_u < epsilon
+    random_actions = jnp.floor(action_u * num_actions).astype(jnp.int32)
     greedy_actions = jnp.argmax(q_values, axis=-1)
     return jnp.where(explore, random_actions, greedy_actions).astype(jnp.int32)
 

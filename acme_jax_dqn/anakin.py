@@ -289,6 +289,12 @@ def chunk_warmup(anakin: Anakin, first_iteration: int, num_iterations: int) -> i
   return min(num_iterations, max(0, anakin.warmup_iterations - first_iteration))
 
 
+def split_step_keys(key: chex.PRNGKey, num_envs: int):
+  """(the next key, the policy's key, one key per copy [E]): one hash of `key` for all."""
+  keys = jax.random.split(key, num_envs + 2)
+  return keys[0], keys[1], keys[2:]
+
+
 def step_copies(env: GymnaxEnv, policy: PolicyFn, epsilon_fn, state, reward_clip: float = 0.0,
                 acting_apart: bool = False):
   """All copies act (epsilon-greedy on the online params) and step once, with auto-reset.
@@ -301,14 +307,14 @@ def step_copies(env: GymnaxEnv, policy: PolicyFn, epsilon_fn, state, reward_clip
   """
   obs_dtype = env.spec.observations.dtype
   num_envs = state.observation.shape[0]
-  key, act_key, step_key = jax.random.split(state.key, 3)
+  key, act_key, env_keys = split_step_keys(state.key, num_envs)
   online_params = state.learner.online_params
   if acting_apart:
     online_params = jax.lax.optimization_barrier(online_params)
   action = policy(online_params, act_key, state.observation,
                   epsilon_fn(state.env_steps))
   next_obs, env_state, reward, terminated, truncated, info = jax.vmap(env.step)(
-      jax.random.split(step_key, num_envs), state.env_state, action)
+      env_keys, state.env_state, action)
   reward = reward.astype(jnp.float32)
   stored_reward = jnp.clip(reward, -reward_clip, reward_clip) if reward_clip > 0 else reward
   end = jnp.logical_or(terminated, truncated)
@@ -364,10 +370,10 @@ def make_evaluate(env: GymnaxEnv, eval_policy: PolicyFn, eval_episodes: int,
 
     def body(carry):
       observation, env_state, returns, done, t, key = carry
-      key, act_key, step_key = jax.random.split(key, 3)
+      key, act_key, env_keys = split_step_keys(key, eval_episodes)
       action = eval_policy(online_params, act_key, observation, greedy_epsilon)
       observation, env_state, reward, terminated, truncated, _ = jax.vmap(env.step)(
-          jax.random.split(step_key, eval_episodes), env_state, action)
+          env_keys, env_state, action)
       returns = returns + jnp.where(done, 0.0, reward.astype(jnp.float32))
       done = done | terminated | truncated
       return observation, env_state, returns, done, t + 1, key

@@ -80,6 +80,40 @@ def test_pure_policy_takes_per_row_epsilons():
   assert 0.25 < np.mean(actions[1::2] == 1) < 0.42
 
 
+def test_pure_policy_explores_uniformly_over_many_actions_and_independently():
+  """18 actions (a full Atari set): random actions are uniform (chi-square), and whether a row
+  explores tells nothing about which action it draws (one draw of uniforms gives both)."""
+  from scipy import stats  # pylint: disable=import-outside-toplevel
+  q = tuple(float(a == 17) for a in range(18))  # Greedy action: the last, 17.
+  networks = fixed_networks(q)
+  policy = jax.jit(actors.make_epsilon_greedy_policy(networks))
+  draws = 36000
+  everyone = np.asarray(policy(networks.init(None), jax.random.PRNGKey(3),
+                               jnp.zeros((draws, 2)), 1.0))
+  counts = np.bincount(everyone, minlength=18)
+  assert len(counts) == 18
+  assert stats.chisquare(counts).pvalue > 1e-3
+  half = np.asarray(policy(networks.init(None), jax.random.PRNGKey(4),
+                           jnp.zeros((draws, 2)), 0.5))
+  # P(greedy) = 1 - eps + eps / 18; each other action eps / 18.
+  expected = np.full(18, 0.5 / 18)
+  expected[17] += 0.5
+  assert stats.chisquare(np.bincount(half, minlength=18), expected * draws).pvalue > 1e-3
+
+
+def test_pure_policy_random_actions_stay_in_range_at_the_top_of_the_unit_interval(monkeypatch):
+  """A uniform draw just below 1 maps to the last action, never to one past it."""
+  below_one = np.nextafter(np.float32(1.0), np.float32(0.0))
+  monkeypatch.setattr(jax.random, "uniform",
+                      lambda key, shape, *a, **k: jnp.full(shape, below_one, jnp.float32))
+  for num_actions in (2, 3, 6, 18, 100, 1000):
+    networks = fixed_networks(tuple(float(a == 0) for a in range(num_actions)))
+    # epsilon 1.0001: the draw below 1 still explores.
+    actions = actors.make_epsilon_greedy_policy(networks)(
+        networks.init(None), jax.random.PRNGKey(0), jnp.zeros((4, 2)), 1.0001)
+    np.testing.assert_array_equal(actions, num_actions - 1)
+
+
 def test_variable_client_pulls_every_period():
   source = _Source({"w": 1})
   client = actors.VariableClient(source, update_period=3)
