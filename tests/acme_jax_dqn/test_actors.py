@@ -81,8 +81,9 @@ def test_pure_policy_takes_per_row_epsilons():
 
 
 def test_pure_policy_explores_uniformly_over_many_actions_and_independently():
-  """18 actions (a full Atari set): random actions are uniform (chi-square), and whether a row
-  explores tells nothing about which action it draws (one draw of uniforms gives both)."""
+  """18 actions (a full Atari set), by chi-square: with epsilon 1 every action is equally
+  likely; with 0.5 the actions follow epsilon-greedy's probabilities (the explore draw and
+  the action draw come from one draw of uniforms: reusing one uniform for both fails this)."""
   from scipy import stats  # pylint: disable=import-outside-toplevel
   q = tuple(float(a == 17) for a in range(18))  # Greedy action: the last, 17.
   networks = fixed_networks(q)
