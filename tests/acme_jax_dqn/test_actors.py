@@ -80,7 +80,7 @@ def test_pure_policy_takes_per_row_epsilons():
   assert 0.25 < np.mean(actions[1::2] == 1) < 0.42
 
 
-def test_pure_policy_explores_uniformly_over_many_actions_and_independently():
+def test_pure_policy_follows_epsilon_greedy_over_many_actions():
   """18 actions (a full Atari set), by chi-square: with epsilon 1 every action is equally
   likely; with 0.5 the actions follow epsilon-greedy's probabilities (the explore draw and
   the action draw come from one draw of uniforms: reusing one uniform for both fails this)."""
