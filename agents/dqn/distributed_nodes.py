@@ -46,6 +46,13 @@ def process_info() -> Dict[str, Any]:
           "jax_backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind}
 
 
+def _host_process() -> None:
+  """Sets up the process of a node that computes on the host (replay, actor, evaluator): JAX on
+  its CPU backend alone (the learner alone takes a GPU where there is one), XLA on one core."""
+  xla_setup.keep_jax_on_cpu()
+  xla_setup.run_xla_on_one_cpu_core()
+
+
 class ReplayNode:
   """The flashbax buffer, the rate limiter and the accepted-step counts (a Ray async actor).
 
@@ -56,8 +63,7 @@ class ReplayNode:
 
   def __init__(self, config: DQNConfig, spec: specs.EnvironmentSpec, seed: int,
                num_actors: int, insert_batch: int, total_steps: int):
-    xla_setup.keep_jax_on_cpu()  # The learner alone takes a GPU where there is one.
-    xla_setup.run_xla_on_one_cpu_core()
+    _host_process()
     builder = DQNBuilder(config)
     self._config = config
     self._buffer = builder.make_replay_buffer(spec, insert_chunk=insert_batch)
@@ -167,9 +173,6 @@ class ReplayNode:
         self._buffer.set_host_state(state["buffer_host"])
         self._limiter.inserts, self._limiter.samples = state["inserted"], state["sampled"]
       self._cond().notify_all()
-
-  async def pid(self) -> int:
-    return os.getpid()
 
   async def info(self) -> Dict[str, Any]:
     return process_info()
@@ -283,8 +286,7 @@ class ActorNode:
 
   def __init__(self, actor_id: int, num_actors: int, config: DQNConfig, env_name: str,
                seed: int, replay: str, variables: str, insert_batch: int):
-    xla_setup.keep_jax_on_cpu()  # The learner alone takes a GPU where there is one.
-    xla_setup.run_xla_on_one_cpu_core()
+    _host_process()
     import ray  # pylint: disable=import-outside-toplevel
     self._ray = ray
     self.actor_id, self._life = actor_id, os.urandom(8).hex()  # A new life at each restart.
@@ -371,8 +373,7 @@ class EvaluatorNode:
   """Greedy episodes with the newest parameters."""
 
   def __init__(self, config: DQNConfig, env_name: str, seed: int, variables: str):
-    xla_setup.keep_jax_on_cpu()  # The learner alone takes a GPU where there is one.
-    xla_setup.run_xla_on_one_cpu_core()
+    _host_process()
     import ray  # pylint: disable=import-outside-toplevel
     try:  # Refused on this host, as an actor's copies are.
       self._environment = envs.make_environment(
