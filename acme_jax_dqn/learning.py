@@ -256,9 +256,8 @@ def make_learner_step(sgd_step: SGDStepFn, replay: replay_lib.Replay,
 
   def one_step(carry, _):
     state, buffer_state = carry
-    key, sample_key = jax.random.split(state.key)
-    sample = replay.sample(buffer_state, sample_key,
-                           importance_sampling_exponent(applied_updates(state)))
+    sample, key = replay.sample_and_key(buffer_state, state.key,
+                                        importance_sampling_exponent(applied_updates(state)))
     state, metrics, priorities = step_on_sample(state._replace(key=key), sample)
     buffer_state = replay.set_priorities(buffer_state, sample.indices, priorities)
     return (state, buffer_state), metrics

@@ -100,6 +100,10 @@ class Replay:
     init: example (unbatched) transition -> empty buffer state.
     add: (state, transitions [T, ...]) -> state.
     sample: (state, key, importance_sampling_exponent) -> ReplaySample.
+    sample_and_key: (state, key, importance_sampling_exponent) -> (ReplaySample, key):
+      a sample and a new key for what follows it, taken from `key` as
+      `split` then `sample` would, but for uniform replay in one hash (the
+      new key's words and the batch's slots from one `jax.random.bits`).
     set_priorities: (state, indices [B], priorities [B]) -> state; a no-op
       for uniform replay.
     size: state -> number of items held (int32 scalar).
@@ -111,6 +115,8 @@ class Replay:
   init: Callable[[Transition], BufferState]
   add: Callable[[BufferState, Transition], BufferState]
   sample: Callable[[BufferState, chex.PRNGKey, chex.Numeric], ReplaySample]
+  sample_and_key: Callable[[BufferState, chex.PRNGKey, chex.Numeric],
+                           Tuple[ReplaySample, chex.PRNGKey]]
   set_priorities: Callable[[BufferState, chex.Array, chex.Array], BufferState]
   size: Callable[[BufferState], chex.Array]
   capacity: int
@@ -133,6 +139,19 @@ def importance_weights(probabilities: chex.Array, size: chex.Array,
   safe = jnp.where(drawn, probabilities, 1.0)
   weights = jnp.where(drawn, (size.astype(jnp.float32) * safe) ** (-exponent), 0.0)
   return weights / jnp.maximum(jnp.max(weights), 1e-12)
+
+
+def uniform_slots(words: chex.Array, size: chex.Array) -> chex.Array:
+  """Slots in [0, `size`) from uint32 `words`, one each: the word modulo `size` (0 where
+  `size` is 0).
+
+  A uniform buffer holds its items in slots 0 .. size - 1 (all of them once
+  full), so these are uniform over the items up to the modulo's bias: a slot
+  below 2**32 mod size is drawn with probability ceil(2**32 / size) / 2**32,
+  the others floor(2**32 / size) / 2**32, at most size / 2**32 apart
+  relatively (0.02% for a million items).
+  """
+  return (words % jnp.maximum(size, 1).astype(jnp.uint32)).astype(jnp.int32)
 
 
 def _flashbax_device() -> str:
@@ -181,10 +200,15 @@ def make_replay(capacity: int, batch_size: int, prioritized: bool = False,
     drawn = replay.sample(state, key, exponent)
     return drawn._replace(transitions=codec.decode(drawn.transitions))
 
+  def sample_and_key(state, key, exponent):
+    drawn, key = replay.sample_and_key(state, key, exponent)
+    return drawn._replace(transitions=codec.decode(drawn.transitions)), key
+
   return dataclasses.replace(
       replay, init=lambda example: replay.init(codec.encode(example)),
       add=lambda state, transitions: replay.add(state, codec.encode(transitions)),
-      sample=sample, items=lambda state: codec.decode(state.experience))
+      sample=sample, sample_and_key=sample_and_key,
+      items=lambda state: codec.decode(state.experience))
 
 
 def _make_replay(capacity: int, batch_size: int, prioritized: bool,
@@ -205,24 +229,45 @@ def _make_replay(capacity: int, batch_size: int, prioritized: bool,
       mask = (drawn.probabilities > 0).astype(jnp.float32)
       return ReplaySample(drawn.experience, drawn.indices, weights, mask)
 
+    def sample_and_key(state, key, exponent):
+      key, sample_key = jax.random.split(key)
+      return sample(state, sample_key, exponent), key
+
     set_priorities = buffer.set_priorities
   else:
+    # flashbax stores the items; the draw is the kit's own. flashbax's item buffer samples
+    # with two key splits and two `randint`s (each a split and two draws): hashes that on a
+    # CPU run as loops and on a GPU each as a kernel, where one `bits` call gives the slots.
     buffer = fbx.make_item_buffer(
         max_length=capacity, min_length=1, sample_batch_size=batch_size,
         add_sequences=True, add_batches=False)
     add = buffer.add
 
+    def draw(state, words):
+      slots = uniform_slots(words, _buffer_size(state, capacity))
+      experience = jax.tree.map(lambda x: x[0, slots], state.experience)
+      ones = jnp.ones((batch_size,), jnp.float32)
+      return ReplaySample(experience, slots, ones, ones)
+
     def sample(state, key, exponent):
       del exponent
-      drawn = buffer.sample(state, key)
-      ones = jnp.ones((batch_size,), jnp.float32)
-      return ReplaySample(drawn.experience, jnp.zeros((batch_size,), jnp.int32), ones, ones)
+      return draw(state, jax.random.bits(key, (batch_size,), jnp.uint32))
+
+    def sample_and_key(state, key, exponent):
+      del exponent
+      typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+      key_words = (jax.random.key_data(key) if typed else key).shape[-1]
+      words = jax.random.bits(key, (key_words + batch_size,), jnp.uint32)
+      new_key = words[:key_words]
+      if typed:
+        new_key = jax.random.wrap_key_data(new_key, impl=jax.random.key_impl(key))
+      return draw(state, words[key_words:]), new_key
 
     def set_priorities(state, indices, priorities):
       del indices, priorities
       return state
 
-  return Replay(init=buffer.init, add=add, sample=sample,
+  return Replay(init=buffer.init, add=add, sample=sample, sample_and_key=sample_and_key,
                 set_priorities=set_priorities,
                 size=lambda state: _buffer_size(state, capacity),
                 capacity=capacity, prioritized=prioritized)

@@ -171,3 +171,64 @@ def test_a_packed_replay_stores_fewer_arrays_and_draws_what_an_unpacked_one_draw
       np.testing.assert_array_equal(x, y)
   for x, y in zip(packed.items(states["packed"]), items):
     np.testing.assert_array_equal(np.asarray(x)[0, :5], y)
+
+
+def test_uniform_slots_are_each_word_modulo_the_items_held():
+  words = np.array([0, 5, 37, 2**32 - 1, 123456789], np.uint32)
+  expected = [int(w) % 37 for w in words.tolist()]  # Python's exact integers.
+  np.testing.assert_array_equal(replay_lib.uniform_slots(jnp.asarray(words), jnp.int32(37)),
+                                expected)
+  np.testing.assert_array_equal(replay_lib.uniform_slots(jnp.asarray(words), jnp.int32(0)),
+                                np.zeros(5))
+
+
+@pytest.mark.parametrize("inserted", [37, 100])  # Part of the 64 slots held, then all (wrapped).
+def test_uniform_sample_and_key_draws_uniformly_over_the_items_held(inserted):
+  from scipy import stats
+  replay = replay_lib.make_replay(64, 32)
+  buffer = replay_lib.ReplayBuffer(replay, _example(), insert_chunk=1)
+  buffer.insert(_items(np.arange(inserted)))
+  buffer.write_pending()
+  held = np.arange(max(0, inserted - 64), inserted)
+  keys = jax.random.split(jax.random.PRNGKey(3), 400)
+  samples, new_keys = jax.jit(jax.vmap(replay.sample_and_key, in_axes=(None, 0, None)))(
+      buffer.state, keys, 0.0)
+  rewards = np.asarray(samples.transitions.reward).astype(int).ravel()
+  assert set(rewards.tolist()) <= set(held.tolist())
+  # Each drawn slot holds the item drawn.
+  items = replay.items(buffer.state)
+  np.testing.assert_array_equal(np.asarray(items.reward)[0, np.asarray(samples.indices)],
+                                np.asarray(samples.transitions.reward))
+  counts = np.bincount(rewards - held[0], minlength=len(held))
+  assert stats.chisquare(counts).pvalue > 1e-3
+  # The new keys are new: no key comes back as it went in, and no two agree.
+  new_keys = np.asarray(new_keys)
+  assert new_keys.shape == np.asarray(keys).shape and new_keys.dtype == np.asarray(keys).dtype
+  assert not np.any(np.all(new_keys == np.asarray(keys), axis=-1))
+  assert len({tuple(k) for k in new_keys.tolist()}) == len(new_keys)
+
+
+def test_prioritized_sample_and_key_is_a_split_then_a_sample():
+  replay = replay_lib.make_replay(8, 4, prioritized=True)
+  buffer = replay_lib.ReplayBuffer(replay, _example(), insert_chunk=4)
+  buffer.insert(_items([0, 1, 2, 3]))
+  buffer.write_pending()
+  key = jax.random.PRNGKey(7)
+  drawn, new_key = replay.sample_and_key(buffer.state, key, 0.5)
+  expected_key, sample_key = jax.random.split(key)
+  expected = replay.sample(buffer.state, sample_key, 0.5)
+  np.testing.assert_array_equal(new_key, expected_key)
+  np.testing.assert_array_equal(drawn.indices, expected.indices)
+  np.testing.assert_array_equal(drawn.transitions.reward, expected.transitions.reward)
+
+
+def test_uniform_sample_and_key_keeps_a_typed_key_typed():
+  replay = replay_lib.make_replay(8, 4)
+  buffer = replay_lib.ReplayBuffer(replay, _example(), insert_chunk=4)
+  buffer.insert(_items([0, 1, 2, 3]))
+  buffer.write_pending()
+  key = jax.random.key(5)
+  drawn, new_key = jax.jit(replay.sample_and_key)(buffer.state, key, 0.0)
+  assert new_key.dtype == key.dtype and new_key.shape == key.shape
+  assert not np.array_equal(jax.random.key_data(new_key), jax.random.key_data(key))
+  assert set(np.asarray(drawn.transitions.reward).tolist()) <= {0.0, 1.0, 2.0, 3.0}
