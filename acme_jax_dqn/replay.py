@@ -101,9 +101,10 @@ class Replay:
     add: (state, transitions [T, ...]) -> state.
     sample: (state, key, importance_sampling_exponent) -> ReplaySample.
     sample_and_key: (state, key, importance_sampling_exponent) -> (ReplaySample, key):
-      a sample and a new key for what follows it, taken from `key` as
-      `split` then `sample` would, but for uniform replay in one hash (the
-      new key's words and the batch's slots from one `jax.random.bits`).
+      a sample and a new key for what follows it, in place of a `split`
+      then a `sample`: for uniform replay one hash (the new key's words and
+      the batch's slots from one `jax.random.bits`), for prioritized replay
+      that split and sample.
     set_priorities: (state, indices [B], priorities [B]) -> state; a no-op
       for uniform replay.
     size: state -> number of items held (int32 scalar).
@@ -148,8 +149,8 @@ def uniform_slots(words: chex.Array, size: chex.Array) -> chex.Array:
   A uniform buffer holds its items in slots 0 .. size - 1 (all of them once
   full), so these are uniform over the items up to the modulo's bias: a slot
   below 2**32 mod size is drawn with probability ceil(2**32 / size) / 2**32,
-  the others floor(2**32 / size) / 2**32, at most size / 2**32 apart
-  relatively (0.02% for a million items).
+  the others floor(2**32 / size) / 2**32, apart by 1 / floor(2**32 / size)
+  relatively, about size / 2**32 (0.023% for a million items).
   """
   return (words % jnp.maximum(size, 1).astype(jnp.uint32)).astype(jnp.int32)
 
