@@ -446,3 +446,34 @@ def test_under_gradient_accumulation_the_clip_takes_the_mean_of_k_steps_norm():
     finals.append(state.online_params)
   assert float(metrics["grad_norm"]) > 0.01  # The clip acted.
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-9), *finals)
+
+def _key_hashes(jaxpr) -> int:
+  """Hashes of a key in a jaxpr (each draw, split or fold of a key is one call of the PRNG's
+  hash: threefry's by default), its sub-jaxprs (jit, scan, cond, ...) counted too."""
+  count = 0
+  for eqn in jaxpr.eqns:
+    count += eqn.primitive.name in ("random_bits", "random_split", "random_fold_in")
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else (param,):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          count += _key_hashes(inner)
+  return count
+
+
+@pytest.mark.parametrize("prioritized,hashes", [(False, 1), (True, None)])
+def test_a_learner_step_on_uniform_replay_hashes_its_key_once(prioritized, hashes):
+  """The batch's slots and the next key come from one hash (on a GPU each hash whose keys feed
+  more than one consumer is a kernel of its own); prioritized replay splits first."""
+  config = DQNConfig(hidden_sizes=(8,), batch_size=4, prioritized=prioritized,
+                     replay_capacity=8, min_replay_size=4)
+  spec, replay, _, state = _builder_pieces(config)
+  builder = DQNBuilder(config)
+  learner_step = builder.make_learner_step(builder.make_networks(spec), replay)
+  batch = _batch(1.0).transitions
+  buffer = replay.add(replay.init(jax.tree.map(lambda x: x[0], batch)), batch)
+  count = _key_hashes(jax.make_jaxpr(learner_step)(state, buffer).jaxpr)
+  if hashes is None:  # A split, then flashbax's sum-tree draw with hashes of its own.
+    assert count > 1
+  else:
+    assert count == hashes

@@ -184,7 +184,7 @@ def test_uniform_slots_are_each_word_modulo_the_items_held():
 
 @pytest.mark.parametrize("inserted", [37, 100])  # Part of the 64 slots held, then all (wrapped).
 def test_uniform_sample_and_key_draws_uniformly_over_the_items_held(inserted):
-  from scipy import stats
+  from scipy import stats  # pylint: disable=import-outside-toplevel
   replay = replay_lib.make_replay(64, 32)
   buffer = replay_lib.ReplayBuffer(replay, _example(), insert_chunk=1)
   buffer.insert(_items(np.arange(inserted)))
