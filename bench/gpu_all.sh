@@ -25,8 +25,8 @@
 # PureJaxRL with the fused loss; the loops' carry packed and plain; the replay's items packed and
 # a leaf per field, at one seed; Breakout-MinAtar's scatters as selects and as scatters, at one
 # seed; one seed's matmuls with XLA's tilings and without split-K, on CartPole and on
-# Breakout-MinAtar; Breakout-MinAtar with cuDNN's convolutions and with patch products, twice,
-# alternating; the device's time at 2,048 seeds with the fused loss; the build's compile
+# Breakout-MinAtar; Breakout-MinAtar with cuDNN's convolutions, with patch products and with two
+# iterations per loop step, twice, alternating; the device's time at 2,048 seeds with the fused loss; the build's compile
 # schedules; ours at 2,048 seeds beside PureJaxRL as it is and with its seeds independent.
 # STEPS          step names to run, separated by spaces or commas (default: all), e.g.
 #                STEPS=packed_carry,compile_time for a second call that finishes what the
@@ -106,9 +106,9 @@ step() {  # step NAME CAP_S COMMAND...
 
 peer() { [ -f "$PEER/purejaxrl/dqn.py" ]; }
 
-breakout() {  # breakout CONV_IMPL SUFFIX
+breakout() {  # breakout NAME SUFFIX RUN_FLAGS (comma separated)
   step "gpu_speed_breakout_$1$2" 60 $PY -m bench.gpu_speed --purejaxrl_dir="$PEER" --num_seeds= \
-    --minatar_seeds=1 --total_steps=$STEPS_PER_SEED --extra_flags=--conv_impl=$1 \
+    --minatar_seeds=1 --total_steps=$STEPS_PER_SEED --extra_flags="$3" \
     --logdir="$OUT/runs_breakout_$1$2" --out="$OUT/gpu_speed_breakout_$1$2.md"
 }
 
@@ -141,8 +141,8 @@ step env_selects 75 $PY -m bench.env_selects --flagfile=$CFG --env=gymnax:Breako
   --seed_counts=1 --total_steps=$PACKED_STEPS --repeats=2 --out="$OUT/env_selects.md"
 # One seed's matmuls without split-K. Compiled for an H200 without a device, XLA's default tilings
 # split the learner's small matmuls over their inner dimension (a pad before and a sum after each):
-# 57 kernels per learning iteration on CartPole, 50 with xla_gpu_experimental_force_split_k=1;
-# 72 and 65 on Breakout-MinAtar (bench/hlo_kernels.py --xla_options). A GPU's autotuner picks its
+# 50 kernels per learning iteration on CartPole, 43 with xla_gpu_experimental_force_split_k=1;
+# 67 and 60 on Breakout-MinAtar (bench/hlo_kernels.py --xla_options). A GPU's autotuner picks its
 # own tilings, so only a device can say whether one split runs faster.
 step split_k 60 $PY -m bench.compiler_options --flagfile=$CFG --seed_counts=1 \
   --total_steps=$PACKED_STEPS --variants=xla_gpu_experimental_force_split_k=1 --repeats=3 \
@@ -150,10 +150,15 @@ step split_k 60 $PY -m bench.compiler_options --flagfile=$CFG --seed_counts=1 \
 step split_k_breakout 60 $PY -m bench.compiler_options --flagfile=$CFG \
   --env=gymnax:Breakout-MinAtar --seed_counts=1 --total_steps=$PACKED_STEPS \
   --variants=xla_gpu_experimental_force_split_k=1 --repeats=3 --out="$OUT/split_k_breakout.md"
-breakout lax_conv ""
-breakout patches ""
-breakout lax_conv _2
-breakout patches _2
+# Breakout-MinAtar at one seed with cuDNN's convolutions, with patch products, and two
+# iterations per loop step (cuDNN's): 61.5 kernels per learning iteration against 67 for an
+# H200 (bench/results/hlo_kernels_h200_breakout_scan_unroll_2.md), for a longer compile. Twice,
+# alternating.
+for round in "" _2; do
+  breakout lax_conv "$round" --conv_impl=lax_conv
+  breakout patches "$round" --conv_impl=patches
+  breakout unroll_2 "$round" --conv_impl=lax_conv,--scan_unroll=2
+done
 step kernel_times_many_fused 60 $PY -m bench.kernel_times --flagfile=$CFG --num_seeds=$MANY \
   --total_steps=$TRACED_STEPS --fused_loss --out="$OUT/kernel_times_many_fused.md"
 peer && step compile_time 90 $PY -m bench.compile_time --flagfile=$CFG --num_seeds=$MANY \
