@@ -26,8 +26,9 @@
 # a leaf per field, at one seed; Breakout-MinAtar's scatters as selects and as scatters, at one
 # seed; one seed's matmuls with XLA's tilings and without split-K, on CartPole and on
 # Breakout-MinAtar; Breakout-MinAtar with cuDNN's convolutions, with patch products and with two
-# iterations per loop step, twice, alternating; the device's time at 2,048 seeds with the fused loss; the build's compile
-# schedules; ours at 2,048 seeds beside PureJaxRL as it is and with its seeds independent.
+# iterations per loop step, twice, alternating; the device's time at 2,048 seeds with the fused
+# loss; the build's compile schedules; ours at 2,048 seeds beside PureJaxRL as it is and with its
+# seeds independent.
 # STEPS          step names to run, separated by spaces or commas (default: all), e.g.
 #                STEPS=packed_carry,compile_time for a second call that finishes what the
 #                first one's deadline cut
