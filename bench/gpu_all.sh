@@ -18,17 +18,19 @@
 #                the GPU host's Python 3.12: a tiny run on another Python skips them)
 #
 # In order: ours beside PureJaxRL at the defaults (every goal); the fused loss against XLA's (one
-# batch, then the run's programs), at 2,048 seeds and at one, in 128-row and 32-row passes; where
-# the device's time goes (bench/kernel_times.py) on Breakout at one seed, then on CartPole at
-# 2,048 seeds beside PureJaxRL's kernels (each op with its modelled bytes); the target update as a
-# select in every learner step and in a loop that runs when it is due, at 2,048 seeds; ours beside
-# PureJaxRL with the fused loss; the loops' carry packed and plain; the replay's items packed and
-# a leaf per field, at one seed; Breakout-MinAtar's scatters as selects and as scatters, at one
-# seed; one seed's matmuls with XLA's tilings and without split-K, on CartPole and on
-# Breakout-MinAtar; Breakout-MinAtar with cuDNN's convolutions, with patch products and with two
-# iterations per loop step, twice, alternating; the device's time at 2,048 seeds with the fused
-# loss; the build's compile schedules; ours at 2,048 seeds beside PureJaxRL as it is and with its
-# seeds independent.
+# batch, then the run's programs), at 2,048 seeds and at one, in 128-row and 32-row passes;
+# Breakout-MinAtar at one seed with cuDNN's convolutions, with two iterations per loop step and
+# with patch products; its matmuls with XLA's tilings and without split-K; ours beside PureJaxRL
+# with the fused loss; where the device's time goes (bench/kernel_times.py) on Breakout at one
+# seed, then on CartPole at 2,048 seeds beside PureJaxRL's kernels (each op with its modelled
+# bytes); Breakout's three runs again; the target update as a select in every learner step and in
+# a loop that runs when it is due, at 2,048 seeds; the loops' carry packed and plain; the
+# replay's items packed and a leaf per field, at one seed; Breakout-MinAtar's scatters as selects
+# and as scatters, at one seed; CartPole's one-seed matmuls with XLA's tilings and without
+# split-K; the device's time at 2,048 seeds with the fused loss; the build's compile schedules;
+# ours at 2,048 seeds beside PureJaxRL as it is and with its seeds independent. On an H200 the
+# list outlasts the default deadline (the gpu_speed step alone took 230 s on 2026-12-04), so the
+# steps that decide a default come first.
 # STEPS          step names to run, separated by spaces or commas (default: all), e.g.
 #                STEPS=packed_carry,compile_time for a second call that finishes what the
 #                first one's deadline cut
@@ -125,41 +127,43 @@ step fused_loss 150 $PY -m bench.fused_loss --flagfile=$CFG --seed_counts=$MANY,
   --out="$OUT/fused_loss.md"
 PEER_FLAG=""
 peer && PEER_FLAG="--purejaxrl_dir=$PEER"
+# Breakout-MinAtar at one seed with cuDNN's convolutions, with two iterations per loop step
+# (cuDNN's) and with patch products: unrolled, 61.5 kernels per learning iteration against 67
+# for an H200 (bench/results/hlo_kernels_h200_breakout_scan_unroll_2.md), for a longer compile.
+# A round here, a second one later, alternating.
+breakout_round() {  # breakout_round SUFFIX
+  breakout lax_conv "$1" --conv_impl=lax_conv
+  breakout unroll_2 "$1" --conv_impl=lax_conv,--scan_unroll=2
+  breakout patches "$1" --conv_impl=patches
+}
+breakout_round ""
+# One seed's matmuls without split-K. Compiled for an H200 without a device, XLA's default tilings
+# split the learner's small matmuls over their inner dimension (a pad before and a sum after each):
+# 50 kernels per learning iteration on CartPole, 43 with xla_gpu_experimental_force_split_k=1;
+# 67 and 60 on Breakout-MinAtar (bench/hlo_kernels.py --xla_options). A GPU's autotuner picks its
+# own tilings, so only a device can say whether one split runs faster.
+step split_k_breakout 60 $PY -m bench.compiler_options --flagfile=$CFG \
+  --env=gymnax:Breakout-MinAtar --seed_counts=1 --total_steps=$PACKED_STEPS \
+  --variants=xla_gpu_experimental_force_split_k=1 --repeats=3 --out="$OUT/split_k_breakout.md"
+peer && step gpu_speed_fused_loss 150 $PY -m bench.gpu_speed --purejaxrl_dir="$PEER" \
+  --num_seeds=1,$MANY --minatar_seeds= --total_steps=$STEPS_PER_SEED --extra_flags=--fused_loss \
+  --logdir="$OUT/runs_fused_loss" --out="$OUT/gpu_speed_fused_loss.md"
 step kernel_times_breakout 60 $PY -m bench.kernel_times --flagfile=$CFG \
   --env=gymnax:Breakout-MinAtar --total_steps=$TRACED_STEPS --out="$OUT/kernel_times_breakout.md"
 step kernel_times_many_xla 90 $PY -m bench.kernel_times --flagfile=$CFG --num_seeds=$MANY \
   --total_steps=$TRACED_STEPS --top=40 $PEER_FLAG --out="$OUT/kernel_times_many_xla.md"
+breakout_round _2
 step target_update 100 $PY -m bench.target_update --flagfile=$CFG --seed_counts=$MANY \
   --total_steps=$PACKED_STEPS --repeats=2 --out="$OUT/target_update.md"
-peer && step gpu_speed_fused_loss 150 $PY -m bench.gpu_speed --purejaxrl_dir="$PEER" \
-  --num_seeds=1,$MANY --minatar_seeds= --total_steps=$STEPS_PER_SEED --extra_flags=--fused_loss \
-  --logdir="$OUT/runs_fused_loss" --out="$OUT/gpu_speed_fused_loss.md"
 step packed_carry 90 $PY -m bench.packed_carry --flagfile=$CFG --seed_counts=1,$MANY \
   --total_steps=$PACKED_STEPS --repeats=2 --out="$OUT/packed_carry.md"
 step packed_items 60 $PY -m bench.packed_carry --what=items --flagfile=$CFG --seed_counts=1 \
   --total_steps=$PACKED_STEPS --repeats=2 --out="$OUT/packed_items.md"
 step env_selects 75 $PY -m bench.env_selects --flagfile=$CFG --env=gymnax:Breakout-MinAtar \
   --seed_counts=1 --total_steps=$PACKED_STEPS --repeats=2 --out="$OUT/env_selects.md"
-# One seed's matmuls without split-K. Compiled for an H200 without a device, XLA's default tilings
-# split the learner's small matmuls over their inner dimension (a pad before and a sum after each):
-# 50 kernels per learning iteration on CartPole, 43 with xla_gpu_experimental_force_split_k=1;
-# 67 and 60 on Breakout-MinAtar (bench/hlo_kernels.py --xla_options). A GPU's autotuner picks its
-# own tilings, so only a device can say whether one split runs faster.
 step split_k 60 $PY -m bench.compiler_options --flagfile=$CFG --seed_counts=1 \
   --total_steps=$PACKED_STEPS --variants=xla_gpu_experimental_force_split_k=1 --repeats=3 \
   --out="$OUT/split_k.md"
-step split_k_breakout 60 $PY -m bench.compiler_options --flagfile=$CFG \
-  --env=gymnax:Breakout-MinAtar --seed_counts=1 --total_steps=$PACKED_STEPS \
-  --variants=xla_gpu_experimental_force_split_k=1 --repeats=3 --out="$OUT/split_k_breakout.md"
-# Breakout-MinAtar at one seed with cuDNN's convolutions, with patch products, and two
-# iterations per loop step (cuDNN's): 61.5 kernels per learning iteration against 67 for an
-# H200 (bench/results/hlo_kernels_h200_breakout_scan_unroll_2.md), for a longer compile. Twice,
-# alternating.
-for round in "" _2; do
-  breakout lax_conv "$round" --conv_impl=lax_conv
-  breakout patches "$round" --conv_impl=patches
-  breakout unroll_2 "$round" --conv_impl=lax_conv,--scan_unroll=2
-done
 step kernel_times_many_fused 60 $PY -m bench.kernel_times --flagfile=$CFG --num_seeds=$MANY \
   --total_steps=$TRACED_STEPS --fused_loss --out="$OUT/kernel_times_many_fused.md"
 peer && step compile_time 90 $PY -m bench.compile_time --flagfile=$CFG --num_seeds=$MANY \
