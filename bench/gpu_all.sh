@@ -161,6 +161,7 @@ step packed_items 60 $PY -m bench.packed_carry --what=items --flagfile=$CFG --se
   --total_steps=$PACKED_STEPS --repeats=2 --out="$OUT/packed_items.md"
 step env_selects 75 $PY -m bench.env_selects --flagfile=$CFG --env=gymnax:Breakout-MinAtar \
   --seed_counts=1 --total_steps=$PACKED_STEPS --repeats=2 --out="$OUT/env_selects.md"
+# CartPole's one-seed matmuls without split-K (the counts: above split_k_breakout).
 step split_k 60 $PY -m bench.compiler_options --flagfile=$CFG --seed_counts=1 \
   --total_steps=$PACKED_STEPS --variants=xla_gpu_experimental_force_split_k=1 --repeats=3 \
   --out="$OUT/split_k.md"
